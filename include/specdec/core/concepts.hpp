@@ -1,0 +1,142 @@
+#pragma once
+//! \file
+//! The five concepts through which the pieces of specdec plug together: `sampling_policy`,
+//! `verifier`, `proposer`, `kv_cache` and `causal_lm`, plus the compile-time capability traits of
+//! proposers. Each requirement is listed with the reason it exists.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/forward.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/propose_context.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+#include "specdec/core/views.hpp"
+
+namespace specdec {
+
+//! A sampling policy: turns one logits row, and the tokens so far, into the exact probability
+//! distribution that sampling draws from, and draws from it.
+//!
+//! Requirements:
+//! - `p.distribution(logits, history, probs)` writes into `probs` (same length as `logits`) the
+//!   distribution the policy samples from; it sums to 1 (one-hot at the argmax for greedy).
+//!   Why: verifiers need the exact target distribution p, and sampling proposers the exact draft
+//!   distribution q, for speculation to be lossless under every sampling parameter.
+//! - `p.sample(probs, rng)` returns a token drawn from `probs` using one word of `rng`.
+//!   Why: the final (bonus or residual) token must come from the same Philox stream on host and
+//!   device.
+//! - `p.is_greedy()` says whether the distribution is always one-hot.
+//!   Why: greedy verification needs only an argmax per row, no distribution and no random draws.
+//! - `p.greedy_token(logits, history)` returns the token a greedy policy emits (the argmax after
+//!   the policy's logit processing; ties go to the lowest id).
+//!   Why: greedy verifiers read a row once and write nothing.
+template <class P>
+concept sampling_policy = requires(P const& p, std::span<float const> logits,
+                                   std::span<token_id const> history, std::span<float> probs,
+                                   philox& rng) {
+  p.distribution(logits, history, probs);
+  { p.sample(std::span<float const>(probs), rng) } -> std::same_as<token_id>;
+  { p.is_greedy() } -> std::convertible_to<bool>;
+  { p.greedy_token(logits, history) } -> std::same_as<token_id>;
+};
+
+//! A verifier: walks a draft tree against the target's rows and decides the accepted path and the
+//! bonus token.
+//!
+//! Requirements:
+//! - `v.verify(tree, target_logits, policy, history, rng, out)` fills `out` with the accepted
+//!   nodes and tokens plus the bonus token. `target_logits` has one row per tree node (row i is the
+//!   target's next-token logits after the path to node i); `history` is every committed token, the
+//!   root last (penalty-aware policies extend it with the path of each node they score).
+//!   Why: one call per sequence and step is the loop's third stage; `out` is reused so the hot
+//!   loop does not allocate; `rng` is advanced by a documented, outcome-independent count so that
+//!   host and device consume the same words.
+//! - `v` is non-const: verifiers own scratch buffers (a residual row, a path) sized once.
+template <class V, class Policy>
+concept verifier = sampling_policy<Policy> &&
+    requires(V& v, draft_tree const& tree, matrix_view<float const> target_logits,
+             Policy const& policy, std::span<token_id const> history, philox& rng,
+             verify_result& out) {
+  v.verify(tree, target_logits, policy, history, rng, out);
+};
+
+//! A proposer: drafts a tree of candidate tokens for one sequence and updates its own state from
+//! what was accepted.
+//!
+//! Requirements:
+//! - `p.begin(prompt)` starts a new sequence with the prompt tokens.
+//!   Why: model-based proposers prefill their own caches; retrieval proposers index the prompt.
+//! - `p.propose(ctx, tree)` resets `tree` to root `ctx.tokens.back()` and adds at most
+//!   `ctx.max_nodes` draft nodes. Why: the loop's first stage.
+//! - `p.accept(result)` is told which nodes were accepted and the bonus token.
+//!   Why: proposers with state (a draft KV cache, an n-gram index) roll back or extend it.
+//! Capabilities that change the loop are declared as static constexpr bool members and read
+//! through the traits below: `produces_trees`, `samples_drafts` (the tree carries q rows and needs
+//! a verifier that uses them), `needs_target_hidden`.
+template <class P>
+concept proposer = requires(P& p, propose_context const& ctx, draft_tree& out,
+                            verify_result const& r, std::span<token_id const> prompt) {
+  p.begin(prompt);
+  p.propose(ctx, out);
+  p.accept(r);
+};
+
+//! Whether proposer P may emit trees with more than one child per node.
+template <class P>
+inline constexpr bool produces_trees_v = requires {
+  requires static_cast<bool>(P::produces_trees);
+};
+//! Whether proposer P samples its drafts and records their q rows.
+template <class P>
+inline constexpr bool samples_drafts_v = requires {
+  requires static_cast<bool>(P::samples_drafts);
+};
+//! Whether proposer P reads the target's hidden states (`propose_context::target_hidden`).
+template <class P>
+inline constexpr bool needs_target_hidden_v = requires {
+  requires static_cast<bool>(P::needs_target_hidden);
+};
+
+//! A KV cache that can drop rejected speculation.
+//!
+//! Requirements:
+//! - `c.size()`: number of positions stored. Why: the next forward appends after them.
+//! - `c.capacity()`: most positions it can hold. Why: callers check before a forward.
+//! - `c.truncate(n)`: drops positions >= n (n <= size()). Why: chain rollback.
+//! - `c.keep_path(n, keep)`: keeps positions [0, n), then moves position n + keep[i] to n + i and
+//!   drops the rest; `keep` is strictly ascending. Why: after a tree step only the accepted path
+//!   survives, compacted to consecutive positions.
+template <class C>
+concept kv_cache = requires(C& c, C const& cc, std::size_t n, std::span<std::int32_t const> keep) {
+  { cc.size() } -> std::convertible_to<std::size_t>;
+  { cc.capacity() } -> std::convertible_to<std::size_t>;
+  c.truncate(n);
+  c.keep_path(n, keep);
+};
+
+//! The adapter an engine implements to plug its model in.
+//!
+//! Requirements:
+//! - `m.vocab_size()`, `m.max_context()`, `m.hidden_size()`. Why: buffers are sized once and
+//!   requests validated against them.
+//! - `m.forward(req, out)` scores `req` (see `forward_request`: tokens at positions with a
+//!   visibility mask over the batch, against the cache) and appends the batch's KV entries.
+//!   Why: one call scores a whole draft tree (or a lookahead window, which is not a tree).
+//! - `m.cache()` is a `kv_cache`. Why: the decoder commits or rolls back speculation.
+template <class M>
+concept causal_lm = requires(M& m, M const& cm, forward_request const& req, forward_result& out) {
+  { cm.vocab_size() } -> std::convertible_to<std::size_t>;
+  { cm.max_context() } -> std::convertible_to<std::size_t>;
+  { cm.hidden_size() } -> std::convertible_to<std::size_t>;
+  m.forward(req, out);
+  requires kv_cache<std::remove_cvref_t<decltype(m.cache())>>;
+};
+
+}  // namespace specdec

@@ -1,0 +1,102 @@
+#pragma once
+//! \file
+//! The request and result of one `causal_lm::forward` call: a batch of tokens at given positions,
+//! with an explicit per-token visibility mask over the batch, scored against the model's cache.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "specdec/core/error.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/views.hpp"
+
+namespace specdec {
+
+//! A batch of tokens for one forward pass.
+//!
+//! Every token sees every entry already in the model's cache (positions [0, cache().size())) and,
+//! within the batch, exactly the tokens its mask row marks: bit j of row i (word j / 64 of the row,
+//! bit j % 64) lets token i attend to batch token j. A token should see itself. An empty mask
+//! means causal: token i sees batch tokens 0..i. A draft tree's ancestor mask is one such mask;
+//! lookahead decoding's is not a tree. The forward appends the batch's KV entries to the cache in
+//! batch order; the caller then keeps what was accepted (`kv_cache::keep_path` / `truncate`).
+struct forward_request {
+  std::span<token_id const> tokens = {};  //!< [n] token ids, each < vocab_size()
+  std::span<position_t const> positions =
+      {};  //!< [n] absolute positions (RoPE), each < max_context()
+  std::span<std::uint64_t const> mask = {};  //!< [n, mask_stride] bit-packed, or empty for causal
+  std::size_t mask_stride = 0;               //!< words per mask row, >= mask_words(n)
+  std::span<std::int32_t const> logits_rows =
+      {};                          //!< batch rows that need logits; empty = all rows
+  bool want_hidden = false;        //!< also return the final hidden state (after the final norm)
+  std::int32_t hidden_layer = -1;  //!< also return the residual stream after this layer (0-based)
+  std::span<std::int32_t const> skip_layers =
+      {};  //!< layers to skip, ascending (self-speculation);
+           //!< a cache must always see the same skip set
+
+  //! Throws `specdec::error` when the request is malformed for a model of this vocabulary and
+  //! context length (sizes disagree, a token or position out of range, a mask row too short).
+  void validate(std::size_t vocab, std::size_t max_context) const {
+    std::size_t const n = tokens.size();
+    SPECDEC_CHECK(n > 0, invalid_argument, "forward_request: empty batch");
+    SPECDEC_CHECK(positions.size() == n, invalid_argument, "forward_request: ", n, " tokens but ",
+                  positions.size(), " positions");
+    for (std::size_t i = 0; i < n; ++i) {
+      SPECDEC_CHECK(tokens[i] >= 0 && static_cast<std::size_t>(tokens[i]) < vocab, out_of_range,
+                    "forward_request: token ", tokens[i], " at batch index ", i,
+                    " is outside the vocabulary of ", vocab);
+      SPECDEC_CHECK(positions[i] >= 0 && static_cast<std::size_t>(positions[i]) < max_context,
+                    context_overflow, "forward_request: position ", positions[i],
+                    " at batch index ", i, " is outside the context of ", max_context);
+    }
+    if (!mask.empty()) {
+      SPECDEC_CHECK(mask_stride >= mask_words(n), invalid_argument,
+                    "forward_request: mask rows of ", mask_stride,
+                    " words cannot cover a batch of ", n);
+      SPECDEC_CHECK(mask.size() >= n * mask_stride, invalid_argument, "forward_request: mask has ",
+                    mask.size(), " words, need ", n * mask_stride);
+    }
+    for (std::size_t i = 1; i < skip_layers.size(); ++i)
+      SPECDEC_CHECK(skip_layers[i - 1] < skip_layers[i], invalid_argument,
+                    "forward_request: skip_layers must be strictly ascending (entry ", i, ")");
+    for (std::int32_t r : logits_rows)
+      SPECDEC_CHECK(r >= 0 && static_cast<std::size_t>(r) < n, out_of_range,
+                    "forward_request: logits row ", r, " is outside the batch of ", n);
+  }
+
+  //! Whether batch token i may attend to batch token j.
+  [[nodiscard]] bool visible(std::size_t i, std::size_t j) const noexcept {
+    if (mask.empty()) return j <= i;
+    return (mask[i * mask_stride + j / 64] >> (j % 64)) & 1u;
+  }
+};
+
+//! What a forward pass returns. Owns its buffers and reuses them across calls.
+struct forward_result {
+  std::vector<float> logits;        //!< [logits_count, vocab] row-major
+  std::vector<float> hidden;        //!< [n, hidden_size] when want_hidden, else empty
+  std::vector<float> layer_hidden;  //!< [n, hidden_size] when hidden_layer >= 0, else empty
+  std::size_t vocab = 0;
+  std::size_t hidden_size = 0;
+  std::size_t logits_count = 0;  //!< rows in `logits`: n, or logits_rows.size()
+
+  //! Logits rows, in request order (row r = batch token r, or logits_rows[r] when given).
+  [[nodiscard]] matrix_view<float const> logits_view() const {
+    return matrix_view<float const>(logits.data(), logits_count, vocab);
+  }
+  [[nodiscard]] matrix_view<float const> hidden_view() const {
+    return hidden_size == 0 || hidden.empty()
+               ? matrix_view<float const>()
+               : matrix_view<float const>(hidden.data(), hidden.size() / hidden_size, hidden_size);
+  }
+  [[nodiscard]] matrix_view<float const> layer_hidden_view() const {
+    return hidden_size == 0 || layer_hidden.empty()
+               ? matrix_view<float const>()
+               : matrix_view<float const>(layer_hidden.data(), layer_hidden.size() / hidden_size,
+                                          hidden_size);
+  }
+};
+
+}  // namespace specdec

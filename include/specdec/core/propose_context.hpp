@@ -1,0 +1,29 @@
+#pragma once
+//! \file
+//! `propose_context`: what a proposer sees when it drafts.
+
+#include <cstddef>
+#include <span>
+
+#include "specdec/core/philox.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/views.hpp"
+
+namespace specdec {
+
+//! The state of one sequence at the start of a step, as a proposer sees it.
+struct propose_context {
+  //! [t] every committed token, prompt included; the last one is the root of the next draft tree
+  //! (it is not yet in the target's KV cache).
+  std::span<token_id const> tokens;
+  //! [rows, hidden_size] the target's final hidden states for the tokens committed by the last
+  //! step, in order (the last row is that of the token before the root); empty unless the
+  //! proposer declares `needs_target_hidden` and the model provides hidden states.
+  matrix_view<float const> target_hidden;
+  //! Most draft nodes (root excluded) the decoder will score this step.
+  std::size_t max_nodes = 0;
+  //! The random stream for proposers that sample their drafts (never null during a decode).
+  philox* rng = nullptr;
+};
+
+}  // namespace specdec

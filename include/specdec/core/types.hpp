@@ -1,0 +1,31 @@
+#pragma once
+//! \file
+//! Small value types shared by every part of specdec.
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+namespace specdec {
+
+//! A token id. Valid ids are in [0, vocab_size); 32 bits so that any vocabulary fits.
+using token_id = std::int32_t;
+
+//! An absolute position in a sequence (0 = the first token of the prompt).
+using position_t = std::int32_t;
+
+//! A node index in a draft tree (0 = the root).
+using node_index = std::int32_t;
+
+//! The value used where no token is present.
+inline constexpr token_id no_token = -1;
+
+//! The largest draft tree specdec accepts (nodes, root included). Bounds every per-step buffer.
+inline constexpr std::size_t max_tree_nodes = 4096;
+
+//! Number of 64-bit words in one row of a bit-packed [n, n] visibility mask.
+[[nodiscard]] constexpr std::size_t mask_words(std::size_t n) noexcept {
+  return (n + 63) / 64;
+}
+
+}  // namespace specdec

@@ -1,0 +1,207 @@
+// Positive and negative static_assert tests of every concept: a minimal model of each concept
+// must satisfy it, and dropping or breaking any one requirement must make it fail.
+#include "specdec/core/concepts.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+namespace sd = specdec;
+
+namespace {
+
+// ---- sampling_policy
+struct good_policy {
+  void distribution(std::span<float const>, std::span<sd::token_id const>, std::span<float>) const {
+  }
+  sd::token_id sample(std::span<float const>, sd::philox&) const { return 0; }
+  bool is_greedy() const { return true; }
+  sd::token_id greedy_token(std::span<float const>, std::span<sd::token_id const>) const {
+    return 0;
+  }
+};
+struct policy_no_distribution {
+  sd::token_id sample(std::span<float const>, sd::philox&) const { return 0; }
+  bool is_greedy() const { return true; }
+  sd::token_id greedy_token(std::span<float const>, std::span<sd::token_id const>) const {
+    return 0;
+  }
+};
+struct policy_sample_returns_float {
+  void distribution(std::span<float const>, std::span<sd::token_id const>, std::span<float>) const {
+  }
+  float sample(std::span<float const>, sd::philox&) const { return 0; }
+  bool is_greedy() const { return true; }
+  sd::token_id greedy_token(std::span<float const>, std::span<sd::token_id const>) const {
+    return 0;
+  }
+};
+struct policy_mutating_distribution {  // distribution() not const: unusable through const&
+  void distribution(std::span<float const>, std::span<sd::token_id const>, std::span<float>) {}
+  sd::token_id sample(std::span<float const>, sd::philox&) const { return 0; }
+  bool is_greedy() const { return true; }
+  sd::token_id greedy_token(std::span<float const>, std::span<sd::token_id const>) const {
+    return 0;
+  }
+};
+struct policy_no_greedy_token {
+  void distribution(std::span<float const>, std::span<sd::token_id const>, std::span<float>) const {
+  }
+  sd::token_id sample(std::span<float const>, sd::philox&) const { return 0; }
+  bool is_greedy() const { return true; }
+};
+static_assert(sd::sampling_policy<good_policy>);
+static_assert(!sd::sampling_policy<policy_no_distribution>);
+static_assert(!sd::sampling_policy<policy_sample_returns_float>);
+static_assert(!sd::sampling_policy<policy_mutating_distribution>);
+static_assert(!sd::sampling_policy<policy_no_greedy_token>);
+static_assert(!sd::sampling_policy<int>);
+
+// ---- verifier
+struct good_verifier {
+  template <class Policy>
+  void verify(sd::draft_tree const&, sd::matrix_view<float const>, Policy const&,
+              std::span<sd::token_id const>, sd::philox&, sd::verify_result&) {}
+};
+struct verifier_wrong_args {
+  void verify(sd::draft_tree const&, sd::verify_result&) {}
+};
+struct verifier_no_rng {
+  template <class Policy>
+  void verify(sd::draft_tree const&, sd::matrix_view<float const>, Policy const&,
+              std::span<sd::token_id const>, sd::verify_result&) {}
+};
+static_assert(sd::verifier<good_verifier, good_policy>);
+static_assert(!sd::verifier<good_verifier, policy_no_distribution>);  // policy must be one
+static_assert(!sd::verifier<verifier_wrong_args, good_policy>);
+static_assert(!sd::verifier<verifier_no_rng, good_policy>);
+
+// ---- proposer and its traits
+struct good_proposer {
+  void begin(std::span<sd::token_id const>) {}
+  void propose(sd::propose_context const& ctx, sd::draft_tree& t) { t.reset(ctx.tokens.back()); }
+  void accept(sd::verify_result const&) {}
+};
+struct tree_sampling_proposer : good_proposer {
+  static constexpr bool produces_trees = true;
+  static constexpr bool samples_drafts = true;
+  static constexpr bool needs_target_hidden = false;
+};
+struct proposer_no_accept {
+  void begin(std::span<sd::token_id const>) {}
+  void propose(sd::propose_context const&, sd::draft_tree&) {}
+};
+struct proposer_no_begin {
+  void propose(sd::propose_context const&, sd::draft_tree&) {}
+  void accept(sd::verify_result const&) {}
+};
+static_assert(sd::proposer<good_proposer>);
+static_assert(sd::proposer<tree_sampling_proposer>);
+static_assert(!sd::proposer<proposer_no_accept>);
+static_assert(!sd::proposer<proposer_no_begin>);
+static_assert(!sd::produces_trees_v<good_proposer>);
+static_assert(!sd::samples_drafts_v<good_proposer>);
+static_assert(sd::produces_trees_v<tree_sampling_proposer>);
+static_assert(sd::samples_drafts_v<tree_sampling_proposer>);
+static_assert(!sd::needs_target_hidden_v<tree_sampling_proposer>);
+
+// ---- kv_cache
+struct good_cache {
+  std::size_t n = 0;
+  std::size_t size() const { return n; }
+  std::size_t capacity() const { return 16; }
+  void truncate(std::size_t m) { n = m; }
+  void keep_path(std::size_t m, std::span<std::int32_t const> keep) { n = m + keep.size(); }
+};
+struct cache_no_keep_path {
+  std::size_t size() const { return 0; }
+  std::size_t capacity() const { return 16; }
+  void truncate(std::size_t) {}
+};
+struct cache_no_capacity {
+  std::size_t size() const { return 0; }
+  void truncate(std::size_t) {}
+  void keep_path(std::size_t, std::span<std::int32_t const>) {}
+};
+static_assert(sd::kv_cache<good_cache>);
+static_assert(!sd::kv_cache<cache_no_keep_path>);
+static_assert(!sd::kv_cache<cache_no_capacity>);
+
+// ---- causal_lm
+struct good_model {
+  good_cache cache_;
+  std::size_t vocab_size() const { return 4; }
+  std::size_t max_context() const { return 16; }
+  std::size_t hidden_size() const { return 2; }
+  void forward(sd::forward_request const& req, sd::forward_result& out) {
+    out.vocab = 4;
+    out.logits_count = req.tokens.size();
+    out.logits.assign(out.logits_count * 4, 0.0f);
+    cache_.n += req.tokens.size();
+  }
+  good_cache& cache() { return cache_; }
+};
+struct model_bad_cache {
+  cache_no_keep_path cache_;
+  std::size_t vocab_size() const { return 4; }
+  std::size_t max_context() const { return 16; }
+  std::size_t hidden_size() const { return 2; }
+  void forward(sd::forward_request const&, sd::forward_result&) {}
+  cache_no_keep_path& cache() { return cache_; }
+};
+struct model_no_forward {
+  good_cache cache_;
+  std::size_t vocab_size() const { return 4; }
+  std::size_t max_context() const { return 16; }
+  std::size_t hidden_size() const { return 2; }
+  good_cache& cache() { return cache_; }
+};
+static_assert(sd::causal_lm<good_model>);
+static_assert(!sd::causal_lm<model_bad_cache>);
+static_assert(!sd::causal_lm<model_no_forward>);
+
+}  // namespace
+
+TEST_CASE("the minimal models of the concepts work as the concepts describe") {
+  good_model m;
+  std::vector<sd::token_id> tokens{1, 2, 3};
+  std::vector<sd::position_t> positions{0, 1, 2};
+  sd::forward_request req{.tokens = tokens, .positions = positions};
+  req.validate(m.vocab_size(), m.max_context());
+  sd::forward_result out;
+  m.forward(req, out);
+  CHECK(m.cache().size() == 3);
+  CHECK(out.logits_view().rows() == 3);
+  std::vector<std::int32_t> keep{0, 2};
+  m.cache().keep_path(1, keep);
+  CHECK(m.cache().size() == 3);
+}
+
+TEST_CASE("forward_request validation and visibility") {
+  std::vector<sd::token_id> tokens{1, 2, 3};
+  std::vector<sd::position_t> positions{0, 1, 2};
+  sd::forward_request req{.tokens = tokens, .positions = positions};
+  CHECK(req.visible(2, 1));
+  CHECK(!req.visible(1, 2));
+  CHECK_THROWS_AS(req.validate(3, 16), sd::error);       // token 3 >= vocab 3
+  CHECK_THROWS_AS(req.validate(4, 2), sd::error);        // position 2 >= context 2
+  std::vector<std::uint64_t> mask{0b001, 0b011, 0b101};  // node 2 sees 0 and itself, not 1
+  req.mask = mask;
+  req.mask_stride = 1;
+  CHECK_NOTHROW(req.validate(4, 16));
+  CHECK(req.visible(2, 0));
+  CHECK(!req.visible(2, 1));
+  req.mask_stride = 0;
+  CHECK_THROWS_AS(req.validate(4, 16), sd::error);
+  req.mask_stride = 1;
+  std::vector<std::int32_t> rows{3};
+  req.logits_rows = rows;
+  CHECK_THROWS_AS(req.validate(4, 16), sd::error);
+  req.logits_rows = {};
+  std::vector<std::int32_t> skip{2, 1};
+  req.skip_layers = skip;
+  CHECK_THROWS_AS(req.validate(4, 16), sd::error);
+  std::vector<sd::position_t> short_positions{0};
+  sd::forward_request bad{.tokens = tokens, .positions = short_positions};
+  CHECK_THROWS_AS(bad.validate(4, 16), sd::error);
+}
