@@ -1,0 +1,343 @@
+#pragma once
+//! \file
+//! Sampling policies: `sampling_params`, the general `sampler` (logit bias, repetition /
+//! frequency / presence penalties, temperature, top-k, top-p, min-p) and the pure `greedy`
+//! policy. Both model `specdec::sampling_policy` (core/concepts.hpp).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/error.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/sampling/kernels.hpp"
+#include "specdec/sampling/sample.hpp"
+#include "specdec/sampling/softmax.hpp"
+
+namespace specdec {
+
+//! The parameters of a `sampler`. Defaults leave the distribution untouched (plain softmax).
+struct sampling_params {
+  float temperature = 1.0f;  //!< >= 0, finite; 0 = greedy (argmax of the processed logits)
+  std::int32_t top_k = 0;    //!< >= 0; keep the k most likely tokens; 0 = off
+  float top_p = 1.0f;        //!< in (0, 1]; keep the smallest set with mass >= top_p; 1 = off
+  float min_p = 0.0f;        //!< in [0, 1]; drop tokens with prob < min_p * max prob; 0 = off
+  //! > 0, finite; CTRL / HF rule for tokens in the history: logit > 0 ? l / r : l * r; 1 = off
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;  //!< finite; l -= f * count(token in history); 0 = off
+  float presence_penalty = 0.0f;   //!< finite; l -= p if the token is in the history; 0 = off
+  //! (token, bias) pairs: l += bias. Token ids >= 0 (checked against the vocabulary per row);
+  //! a bias is finite or -inf (which bans the token). Repeated tokens add up, in order.
+  std::vector<std::pair<token_id, float>> logit_bias;
+
+  //! Throws `errc::invalid_argument` naming the field and its value when a parameter is outside
+  //! its domain, and `errc::out_of_range` for a negative token id in `logit_bias`.
+  void validate() const {
+    auto const finite = [](float v) { return std::isfinite(v); };
+    SPECDEC_CHECK(finite(temperature) && temperature >= 0.0f, invalid_argument,
+                  "sampling_params: temperature = ", temperature, " must be finite and >= 0");
+    SPECDEC_CHECK(top_k >= 0, invalid_argument, "sampling_params: top_k = ", top_k,
+                  " must be >= 0 (0 = off)");
+    SPECDEC_CHECK(top_p > 0.0f && top_p <= 1.0f, invalid_argument,
+                  "sampling_params: top_p = ", top_p, " must be in (0, 1] (1 = off)");
+    SPECDEC_CHECK(min_p >= 0.0f && min_p <= 1.0f, invalid_argument,
+                  "sampling_params: min_p = ", min_p, " must be in [0, 1] (0 = off)");
+    SPECDEC_CHECK(finite(repetition_penalty) && repetition_penalty > 0.0f, invalid_argument,
+                  "sampling_params: repetition_penalty = ", repetition_penalty,
+                  " must be finite and > 0 (1 = off)");
+    SPECDEC_CHECK(finite(frequency_penalty), invalid_argument,
+                  "sampling_params: frequency_penalty = ", frequency_penalty, " must be finite");
+    SPECDEC_CHECK(finite(presence_penalty), invalid_argument,
+                  "sampling_params: presence_penalty = ", presence_penalty, " must be finite");
+    for (std::size_t i = 0; i < logit_bias.size(); ++i) {
+      auto const [token, bias] = logit_bias[i];
+      SPECDEC_CHECK(token >= 0, out_of_range, "sampling_params: logit_bias[", i, "] has token id ",
+                    token, " (negative)");
+      SPECDEC_CHECK(finite(bias) || bias == -std::numeric_limits<float>::infinity(),
+                    invalid_argument, "sampling_params: logit_bias[", i, "] (token ", token,
+                    ") = ", bias, " must be finite or -inf");
+    }
+  }
+};
+
+namespace detail {
+
+//! Per-thread scratch of `T`, grown to the largest size asked for and never shrunk, so that the
+//! hot path stops allocating after the first rows. Not shared between threads.
+template <class T, int Tag>
+[[nodiscard]] inline std::vector<T>& thread_scratch(std::size_t size) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  return buffer;
+}
+
+//! Throws `errc::out_of_range` unless every token of `history` is in [0, vocab).
+inline void check_history(std::span<token_id const> history, std::size_t vocab, char const* who) {
+  for (std::size_t i = 0; i < history.size(); ++i) {
+    token_id const t = history[i];
+    SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range, who, ": history[", i,
+                  "] = ", t, " is not a token of a vocabulary of ", vocab);
+  }
+}
+
+//! Checks the shapes of a distribution() call.
+inline void check_row_shapes(std::span<float const> logits, std::span<float> probs,
+                             char const* who) {
+  SPECDEC_CHECK(logits.size() == probs.size(), invalid_argument, who, ": ", logits.size(),
+                " logits but ", probs.size(), " probabilities");
+  SPECDEC_CHECK(!logits.empty(), invalid_argument, who, ": empty logits row");
+  SPECDEC_CHECK(!partially_overlap(logits.data(), logits.size(), probs.data(), probs.size()),
+                invalid_argument, who, ": logits and probs partially overlap");
+}
+
+}  // namespace detail
+
+//! The general sampling policy. `distribution()` turns a logits row into the exact distribution
+//! `sample()` draws from, in this order (as in HF transformers and vLLM):
+//!
+//! 1. logit bias: z = logit + bias (each `logit_bias` entry in order);
+//! 2. penalties, per distinct token t of `history` with c occurrences: repetition
+//!    (z > 0 ? z / r : z * r), then frequency (z -= f * c), then presence (z -= p);
+//! 3. temperature: s = (z - max z) / T; T = 0 makes the policy greedy: a one-hot row at
+//!    `greedy_token` (argmax of z, ties to the lowest id) and steps 4-7 do not apply;
+//! 4. top-k (k > 0): keep exactly min(k, V) tokens, the k largest z, ties at the boundary broken
+//!    toward the lower token id;
+//! 5. top-p (p < 1): with q = softmax(s) over the tokens top-k kept, sort them by q descending
+//!    (ties: lower id first) and keep the shortest prefix whose mass reaches p * sum(q); at least
+//!    one token;
+//! 6. min-p (> 0): drop the tokens with q < min_p * max q;
+//! 7. renormalise the kept probabilities to sum to 1; every other token gets exactly 0.
+//!
+//! Errors: a token id of `history` or `logit_bias` outside [0, V) throws `errc::out_of_range`; a
+//! NaN or +inf logit (before or after bias and penalties), or a row with no finite logit, throws
+//! `errc::numerical`.
+//!
+//! Thread safety: all members are const and may run concurrently on one sampler; scratch buffers
+//! are per thread and stop growing after the largest row seen (no allocation after warm-up).
+class sampler {
+ public:
+  //! A sampler with `params`, validated (see `sampling_params::validate`).
+  explicit sampler(sampling_params params) : params_(std::move(params)) {
+    params_.validate();
+    for (auto const& [token, bias] : params_.logit_bias) {
+      (void)bias;
+      max_bias_token_ = std::max(max_bias_token_, token);
+    }
+    penalties_ = params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+                 params_.presence_penalty != 0.0f;
+    double const inv = params_.temperature > 0.0f ? 1.0 / params_.temperature : 0.0;
+    inv_temperature_ = static_cast<float>(std::min(inv, double{std::numeric_limits<float>::max()}));
+  }
+
+  //! Writes into `probs` ([V], same size as `logits`, may be the same buffer) the distribution
+  //! this policy samples from given `logits` ([V]) and `history` (every token so far, for the
+  //! penalties). Sums to 1; one-hot when `is_greedy()`.
+  void distribution(std::span<float const> logits, std::span<token_id const> history,
+                    std::span<float> probs) const {
+    constexpr char const* who = "sampler::distribution";
+    detail::check_row_shapes(logits, probs, who);
+    std::size_t const vocab = logits.size();
+    check_tokens(history, vocab, who);
+    if (is_greedy()) {
+      token_id const t = greedy_token(logits, history);
+      std::fill(probs.begin(), probs.end(), 0.0f);
+      probs[static_cast<std::size_t>(t)] = 1.0f;
+      return;
+    }
+    float* z = probs.data();
+    if (probs.data() != logits.data()) std::copy(logits.begin(), logits.end(), z);
+    apply_processing(z, vocab, history);
+    std::span<float const> const zrow(z, vocab);
+    detail::row_summary const s =
+        detail::summarize_row(zrow, "sampler::distribution (after logit bias and penalties)");
+
+    // Top-k on z: keep z > kth, and the first `ties` entries equal to kth.
+    float kth = -std::numeric_limits<float>::infinity();
+    std::size_t kth_ties = vocab;
+    auto const k = static_cast<std::size_t>(params_.top_k);
+    bool const top_k = k > 0 && k < s.finite;
+    if (top_k) {
+      std::vector<float>& tmp = detail::thread_scratch<float, 0>(vocab);
+      std::copy(z, z + vocab, tmp.begin());
+      auto const nth = tmp.begin() + static_cast<std::ptrdiff_t>(k - 1);
+      std::nth_element(tmp.begin(), nth, tmp.begin() + static_cast<std::ptrdiff_t>(vocab),
+                       std::greater<float>());
+      kth = *nth;
+      std::size_t above = 0;
+      for (std::size_t i = 0; i < vocab; ++i) above += z[i] > kth ? 1 : 0;
+      kth_ties = k - above;
+      keep_at_least(z, vocab, kth, kth_ties, -std::numeric_limits<float>::infinity());
+    }
+
+    double total = detail::exp_shifted(z, z, vocab, s.max, inv_temperature_);
+
+    if (params_.top_p < 1.0f) {
+      auto& order = detail::thread_scratch<std::pair<float, std::int32_t>, 1>(vocab);
+      std::size_t m = 0;
+      for (std::size_t i = 0; i < vocab; ++i)
+        if (z[i] > 0.0f) order[m++] = {z[i], static_cast<std::int32_t>(i)};
+      std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m),
+                [](auto const& a, auto const& b) {
+                  return a.first > b.first || (a.first == b.first && a.second < b.second);
+                });
+      double const target = static_cast<double>(params_.top_p) * total;
+      double c = 0.0;
+      std::size_t kept = 0;
+      while (kept < m) {
+        c += static_cast<double>(order[kept].first);
+        ++kept;
+        if (c >= target) break;
+      }
+      float const cut = order[kept - 1].first;
+      std::size_t ties = 0;
+      for (std::size_t j = 0; j < kept; ++j) ties += order[j].first == cut ? 1 : 0;
+      keep_at_least(z, vocab, cut, ties, 0.0f);
+      total = c;
+    }
+    if (params_.min_p > 0.0f) {
+      float const floor = params_.min_p;  // max q is exp(0) = 1 before normalisation
+      for (std::size_t i = 0; i < vocab; ++i) z[i] = z[i] < floor ? 0.0f : z[i];
+    }
+    if (params_.min_p > 0.0f || top_k || params_.top_p < 1.0f) total = detail::sum_double(z, vocab);
+    detail::scale_row(z, z, vocab, static_cast<float>(1.0 / total));
+  }
+
+  //! Draws a token from `probs` (as given, e.g. from `distribution()`), reading exactly one word
+  //! of `rng`: `sample_from(probs, rng.uniform())`.
+  [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
+    return sample_from(probs, rng.uniform());
+  }
+
+  //! Whether the policy is greedy (temperature 0): `distribution()` is then one-hot.
+  [[nodiscard]] bool is_greedy() const noexcept { return params_.temperature == 0.0f; }
+
+  //! The argmax of the logits after logit bias and penalties, ties to the lowest id (the token a
+  //! greedy sampler emits). Same errors as `distribution()`.
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits,
+                                      std::span<token_id const> history) const {
+    constexpr char const* who = "sampler::greedy_token";
+    SPECDEC_CHECK(!logits.empty(), invalid_argument, who, ": empty logits row");
+    std::size_t const vocab = logits.size();
+    check_tokens(history, vocab, who);
+    std::span<float const> row = logits;
+    if (has_processing(history)) {
+      std::vector<float>& tmp = detail::thread_scratch<float, 2>(vocab);
+      std::copy(logits.begin(), logits.end(), tmp.begin());
+      apply_processing(tmp.data(), vocab, history);
+      row = std::span<float const>(tmp.data(), vocab);
+    }
+    detail::row_summary const s =
+        detail::summarize_row(row, "sampler::greedy_token (after logit bias and penalties)");
+    return static_cast<token_id>(std::find(row.begin(), row.end(), s.max) - row.begin());
+  }
+
+  //! The parameters this sampler was built with.
+  [[nodiscard]] sampling_params const& params() const noexcept { return params_; }
+
+ private:
+  [[nodiscard]] bool has_processing(std::span<token_id const> history) const noexcept {
+    return !params_.logit_bias.empty() || (penalties_ && !history.empty());
+  }
+
+  void check_tokens(std::span<token_id const> history, std::size_t vocab, char const* who) const {
+    if (!params_.logit_bias.empty()) {
+      SPECDEC_CHECK(static_cast<std::size_t>(max_bias_token_) < vocab, out_of_range, who,
+                    ": logit_bias names token ", max_bias_token_,
+                    ", not a token of a vocabulary of ", vocab);
+    }
+    detail::check_history(history, vocab, who);
+  }
+
+  //! Steps 1 and 2 (bias, penalties) in place on z[0..vocab). Token ids are already checked.
+  void apply_processing(float* z, std::size_t vocab, std::span<token_id const> history) const {
+    for (auto const& [token, bias] : params_.logit_bias) z[token] += bias;
+    if (!penalties_ || history.empty()) return;
+    std::vector<std::int32_t>& counts = detail::thread_scratch<std::int32_t, 3>(vocab);
+    for (token_id t : history) ++counts[static_cast<std::size_t>(t)];
+    float const r = params_.repetition_penalty;
+    float const f = params_.frequency_penalty;
+    float const p = params_.presence_penalty;
+    for (token_id t : history) {
+      auto const at = static_cast<std::size_t>(t);
+      std::int32_t const c = counts[at];
+      if (c == 0) continue;  // already applied
+      counts[at] = 0;        // leaves the scratch all-zero for the next call
+      float l = z[at];
+      if (r != 1.0f) l = l > 0.0f ? l / r : l * r;
+      l -= f * static_cast<float>(c);
+      l -= p;
+      z[at] = l;
+    }
+  }
+
+  //! Keeps entries > cut and the first `ties` entries == cut (in index order); sets every other
+  //! entry to `removed`.
+  static void keep_at_least(float* z, std::size_t vocab, float cut, std::size_t ties,
+                            float removed) noexcept {
+    for (std::size_t i = 0; i < vocab; ++i) {
+      if (z[i] > cut) continue;
+      if (z[i] == cut && ties > 0) {
+        --ties;
+        continue;
+      }
+      z[i] = removed;
+    }
+  }
+
+  sampling_params params_;
+  token_id max_bias_token_ = 0;
+  bool penalties_ = false;
+  float inv_temperature_ = 0.0f;
+};
+
+//! The pure greedy policy: no logit processing; `distribution()` writes a one-hot row at the
+//! argmax of the logits (ties to the lowest id). Same errors as `sampler` for NaN / +inf logits
+//! and bad history ids.
+class greedy {
+ public:
+  //! Writes the one-hot row at `greedy_token(logits, history)` into `probs` ([V], same size).
+  void distribution(std::span<float const> logits, std::span<token_id const> history,
+                    std::span<float> probs) const {
+    detail::check_row_shapes(logits, probs, "greedy::distribution");
+    token_id const t = greedy_token(logits, history);
+    std::fill(probs.begin(), probs.end(), 0.0f);
+    probs[static_cast<std::size_t>(t)] = 1.0f;
+  }
+
+  //! `sample_from(probs, rng.uniform())`: one word of `rng`; on a one-hot row, its hot token.
+  [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
+    return sample_from(probs, rng.uniform());
+  }
+
+  //! Always true.
+  [[nodiscard]] bool is_greedy() const noexcept { return true; }
+
+  //! The argmax of `logits`, ties to the lowest id. Throws `errc::numerical` for a NaN or +inf
+  //! logit or a row with no finite entry, `errc::out_of_range` for a history token outside [0, V).
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits,
+                                      std::span<token_id const> history) const {
+    SPECDEC_CHECK(!logits.empty(), invalid_argument, "greedy::greedy_token: empty logits row");
+    detail::check_history(history, logits.size(), "greedy::greedy_token");
+    detail::row_summary const s = detail::summarize_row(logits, "greedy::greedy_token");
+    return static_cast<token_id>(std::find(logits.begin(), logits.end(), s.max) - logits.begin());
+  }
+
+  //! Parameters equivalent to this policy: temperature 0, nothing else.
+  [[nodiscard]] sampling_params const& params() const noexcept {
+    static sampling_params const p = [] {
+      sampling_params q;
+      q.temperature = 0.0f;
+      return q;
+    }();
+    return p;
+  }
+};
+
+}  // namespace specdec
