@@ -1,0 +1,162 @@
+#pragma once
+//! \file
+//! `thread_pool`: a small persistent pool that runs one function on every thread (the caller
+//! included) and waits for all of them: the fork-join step of the CPU backend's parallel matrix
+//! products. Workers spin briefly between jobs (a decode step is a few dozen short jobs), then
+//! sleep on an atomic wait so an idle pool costs nothing.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "specdec/core/error.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace specdec {
+
+namespace detail {
+//! A hint to the processor that the caller is spinning.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+}  // namespace detail
+
+//! A fixed set of threads that run jobs fork-join style: `run(f)` calls `f(t)` for t in
+//! [0, size()) -- t = 0 on the calling thread, the others on the workers -- and returns when all
+//! calls have returned. One job at a time: `run` must not be called concurrently or from inside a
+//! job. Running a job neither allocates nor throws.
+class thread_pool {
+ public:
+  //! A pool of `threads` threads in all (the caller counts as one, so `threads - 1` workers are
+  //! started). Throws `errc::invalid_argument` for 0 or more than 1024 threads.
+  explicit thread_pool(std::size_t threads) : shared_(std::make_unique<shared_state>()) {
+    SPECDEC_CHECK(threads >= 1 && threads <= 1024, invalid_argument, "thread_pool: ", threads,
+                  " threads, need 1 to 1024");
+    size_ = threads;
+    workers_.reserve(threads - 1);
+    try {
+      for (std::size_t t = 1; t < threads; ++t)
+        workers_.emplace_back([s = shared_.get(), t] { worker_loop(*s, t); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+
+  thread_pool(thread_pool const&) = delete;
+  thread_pool& operator=(thread_pool const&) = delete;
+
+  ~thread_pool() { stop(); }
+
+  //! Threads in all, the caller included.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  //! Calls `f(t)` for every t in [0, size()), t = 0 on this thread, and waits for all. `f` must
+  //! not throw (a throw terminates the program).
+  template <class F>
+  void run(F&& f) noexcept {
+    if (size_ == 1) {
+      f(std::size_t{0});
+      return;
+    }
+    using fn_type = std::remove_reference_t<F>;
+    shared_state& s = *shared_;
+    s.job_fn = [](void* ctx, std::size_t t) noexcept { (*static_cast<fn_type*>(ctx))(t); };
+    s.job_ctx = const_cast<void*>(static_cast<void const*>(&f));
+    s.pending.store(size_ - 1, std::memory_order_relaxed);
+    s.generation.fetch_add(1, std::memory_order_release);
+    s.generation.notify_all();  // a no-op system-wise when no worker sleeps
+    f(std::size_t{0});
+    // Wait for the workers: spin first, then yield.
+    spinner spin;
+    while (s.pending.load(std::memory_order_acquire) != 0) {
+      if (!spin()) std::this_thread::yield();
+    }
+  }
+
+  //! Splits [0, n) into size() contiguous chunks whose bounds are multiples of `grain` (except n)
+  //! and calls `f(begin, end)` on each non-empty chunk, one per thread.
+  template <class F>
+  void parallel_for(std::size_t n, std::size_t grain, F&& f) noexcept {
+    std::size_t const threads = size_;
+    std::size_t const blocks = (n + grain - 1) / grain;
+    run([&](std::size_t t) {
+      std::size_t const b0 = blocks * t / threads;
+      std::size_t const b1 = blocks * (t + 1) / threads;
+      std::size_t const begin = std::min(n, b0 * grain);
+      std::size_t const end = std::min(n, b1 * grain);
+      if (begin < end) f(begin, end);
+    });
+  }
+
+ private:
+  // Spins for about `spin_time`, then gives up (call returns false).
+  class spinner {
+   public:
+    bool operator()() noexcept {
+      detail::cpu_relax();
+      if (++count_ % 32 != 0) return true;
+      auto const now = std::chrono::steady_clock::now();
+      if (count_ == 32) start_ = now;
+      return now - start_ < spin_time;
+    }
+
+   private:
+    static constexpr std::chrono::microseconds spin_time{200};
+    std::uint64_t count_ = 0;
+    std::chrono::steady_clock::time_point start_{};
+  };
+
+  struct shared_state {
+    alignas(64) std::atomic<std::uint32_t> generation{0};
+    alignas(64) std::atomic<std::size_t> pending{0};
+    alignas(64) std::atomic<bool> stopping{false};
+    void (*job_fn)(void*, std::size_t) noexcept = nullptr;
+    void* job_ctx = nullptr;
+  };
+
+  static void worker_loop(shared_state& s, std::size_t t) noexcept {
+    std::uint32_t seen = 0;
+    for (;;) {
+      std::uint32_t gen = s.generation.load(std::memory_order_acquire);
+      spinner spin;
+      while (gen == seen) {
+        if (!spin()) s.generation.wait(seen, std::memory_order_acquire);
+        gen = s.generation.load(std::memory_order_acquire);
+      }
+      seen = gen;
+      if (s.stopping.load(std::memory_order_acquire)) return;
+      s.job_fn(s.job_ctx, t);
+      s.pending.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  void stop() noexcept {
+    if (!shared_) return;
+    shared_->stopping.store(true, std::memory_order_release);
+    shared_->generation.fetch_add(1, std::memory_order_release);
+    shared_->generation.notify_all();
+    for (auto& w : workers_)
+      if (w.joinable()) w.join();
+    workers_.clear();
+  }
+
+  std::unique_ptr<shared_state> shared_;
+  std::vector<std::thread> workers_;
+  std::size_t size_ = 1;
+};
+
+}  // namespace specdec

@@ -1,0 +1,158 @@
+#pragma once
+//! \file
+//! `contiguous_cache`: a key/value cache that stores, per layer, the keys and the values of every
+//! position in one dense float32 block, and drops rejected speculation by truncation (chains) or
+//! compaction of the accepted path (trees).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "specdec/core/error.hpp"
+#include "specdec/core/views.hpp"
+
+namespace specdec {
+
+//! A float32 KV cache with a fixed capacity, laid out as, for each layer, keys [capacity, kv_dim]
+//! then values [capacity, kv_dim], row-major (row p = position p in the cache).
+//!
+//! Positions [0, size()) are committed. A backend's forward reserves room for its batch with
+//! `append`, then writes the batch's rows through `keys` / `values`. Satisfies `kv_cache`.
+//! All memory is allocated at construction; no operation after that allocates.
+class contiguous_cache {
+ public:
+  //! An empty cache with no layers and no capacity.
+  contiguous_cache() = default;
+
+  //! A cache for `n_layers` layers of `kv_dim` floats per position, holding `capacity` positions.
+  //! Throws `errc::invalid_argument` when a dimension is zero or the total size overflows.
+  contiguous_cache(std::size_t n_layers, std::size_t kv_dim, std::size_t capacity)
+      : n_layers_(n_layers), kv_dim_(kv_dim), capacity_(capacity) {
+    SPECDEC_CHECK(n_layers > 0 && kv_dim > 0 && capacity > 0, invalid_argument,
+                  "contiguous_cache: n_layers (", n_layers, "), kv_dim (", kv_dim,
+                  ") and capacity (", capacity, ") must be positive");
+    constexpr std::size_t limit = std::size_t{1} << 40;  // floats; far beyond any real cache
+    SPECDEC_CHECK(kv_dim <= limit / capacity && 2 * n_layers <= limit / (kv_dim * capacity),
+                  invalid_argument, "contiguous_cache: ", n_layers, " layers x ", capacity,
+                  " positions x ", kv_dim, " floats is too large");
+    layer_stride_ = 2 * capacity_ * kv_dim_;
+    data_.assign(n_layers_ * layer_stride_, 0.0f);
+  }
+
+  //! Number of positions stored.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  //! Most positions the cache can hold.
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  //! Positions that can still be appended.
+  [[nodiscard]] std::size_t room() const noexcept { return capacity_ - size_; }
+  //! Whether no position is stored.
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  //! Number of layers.
+  [[nodiscard]] std::size_t n_layers() const noexcept { return n_layers_; }
+  //! Floats per position and layer, for keys and for values each.
+  [[nodiscard]] std::size_t kv_dim() const noexcept { return kv_dim_; }
+
+  //! Drops every position.
+  void clear() noexcept { size_ = 0; }
+
+  //! Drops positions >= n. Throws `errc::out_of_range` when n > size().
+  void truncate(std::size_t n) {
+    SPECDEC_CHECK(n <= size_, out_of_range, "contiguous_cache::truncate: ", n,
+                  " is beyond the size ", size_);
+    size_ = n;
+  }
+
+  //! Keeps positions [0, n), moves position n + keep[i] to n + i, and drops the rest, so the
+  //! cache's size becomes n + keep.size(). `keep` must be strictly ascending and non-negative with
+  //! every n + keep[i] < size(); otherwise throws (`errc::out_of_range` for n or an entry beyond
+  //! the stored positions, `errc::invalid_argument` for a negative or non-ascending entry) and
+  //! leaves the cache unchanged.
+  void keep_path(std::size_t n, std::span<std::int32_t const> keep) {
+    SPECDEC_CHECK(n <= size_, out_of_range, "contiguous_cache::keep_path: prefix ", n,
+                  " is beyond the size ", size_);
+    for (std::size_t i = 0; i < keep.size(); ++i) {
+      SPECDEC_CHECK(keep[i] >= 0, invalid_argument, "contiguous_cache::keep_path: keep[", i,
+                    "] = ", keep[i], " is negative");
+      SPECDEC_CHECK(i == 0 || keep[i - 1] < keep[i], invalid_argument,
+                    "contiguous_cache::keep_path: keep is not strictly ascending at index ", i,
+                    " (", keep[i - 1], " then ", keep[i], ")");
+      SPECDEC_CHECK(static_cast<std::size_t>(keep[i]) < size_ - n, out_of_range,
+                    "contiguous_cache::keep_path: keep[", i, "] = ", keep[i],
+                    " points at position ", n + static_cast<std::size_t>(keep[i]),
+                    ", beyond the size ", size_);
+    }
+    // keep[i] >= i, so moving in ascending order never overwrites a row still to be read.
+    std::size_t const row_bytes = kv_dim_ * sizeof(float);
+    for (std::size_t i = 0; i < keep.size(); ++i) {
+      std::size_t const src = n + static_cast<std::size_t>(keep[i]);
+      std::size_t const dst = n + i;
+      if (src == dst) continue;
+      for (std::size_t l = 0; l < n_layers_; ++l) {
+        float* const k = keys(l);
+        float* const v = values(l);
+        std::memcpy(k + dst * kv_dim_, k + src * kv_dim_, row_bytes);
+        std::memcpy(v + dst * kv_dim_, v + src * kv_dim_, row_bytes);
+      }
+    }
+    size_ = n + keep.size();
+  }
+
+  //! Reserves `count` positions after the stored ones and returns the first of them; their rows
+  //! are then written by the caller through `keys` / `values`. Throws `errc::context_overflow`
+  //! (leaving the cache unchanged) when they do not fit.
+  std::size_t append(std::size_t count) {
+    SPECDEC_CHECK(count <= room(), context_overflow, "contiguous_cache: appending ", count,
+                  " positions to ", size_, " would exceed the capacity of ", capacity_);
+    std::size_t const first = size_;
+    size_ += count;
+    return first;
+  }
+
+  //! Keys of layer `layer`: [capacity, kv_dim] row-major (rows >= size() hold no entry). Unchecked.
+  [[nodiscard]] float* keys(std::size_t layer) noexcept {
+    return data_.data() + layer * layer_stride_;
+  }
+  //! Values of layer `layer`: [capacity, kv_dim] row-major. Unchecked.
+  [[nodiscard]] float* values(std::size_t layer) noexcept {
+    return data_.data() + layer * layer_stride_ + capacity_ * kv_dim_;
+  }
+  //! Read-only keys of layer `layer`: [capacity, kv_dim] row-major. Unchecked.
+  [[nodiscard]] float const* keys(std::size_t layer) const noexcept {
+    return data_.data() + layer * layer_stride_;
+  }
+  //! Read-only values of layer `layer`: [capacity, kv_dim] row-major. Unchecked.
+  [[nodiscard]] float const* values(std::size_t layer) const noexcept {
+    return data_.data() + layer * layer_stride_ + capacity_ * kv_dim_;
+  }
+
+  //! The stored keys of `layer` as a view: [size, kv_dim]. Throws `errc::out_of_range` for a bad
+  //! layer.
+  [[nodiscard]] matrix_view<float const> key_view(std::size_t layer) const {
+    check_layer(layer);
+    return matrix_view<float const>(keys(layer), size_, kv_dim_);
+  }
+  //! The stored values of `layer` as a view: [size, kv_dim]. Throws `errc::out_of_range` for a
+  //! bad layer.
+  [[nodiscard]] matrix_view<float const> value_view(std::size_t layer) const {
+    check_layer(layer);
+    return matrix_view<float const>(values(layer), size_, kv_dim_);
+  }
+
+ private:
+  void check_layer(std::size_t layer) const {
+    SPECDEC_CHECK(layer < n_layers_, out_of_range, "contiguous_cache: layer ", layer, " of ",
+                  n_layers_);
+  }
+
+  std::size_t n_layers_ = 0;
+  std::size_t kv_dim_ = 0;
+  std::size_t capacity_ = 0;
+  std::size_t size_ = 0;
+  std::size_t layer_stride_ = 0;  // floats per layer: keys then values
+  std::vector<float> data_;       // [n_layers][2][capacity][kv_dim]
+};
+
+}  // namespace specdec
