@@ -1,0 +1,289 @@
+#pragma once
+//! \file
+//! `speculative_decoder`: the propose -> score -> verify -> commit loop of DESIGN.md section 1 for
+//! one sequence, generic over the target model, the proposer, the verifier and the sampling policy.
+//!
+//! One request (`generate`):
+//! 1. prefill: the target scores prompt tokens x_1..x_{t-1} in ONE batched forward (logits are
+//!    requested for the last row only; hidden rows only when the proposer needs them). The last
+//!    prompt token x_t is the root of the first draft tree, so the first generated token is
+//!    already speculated.
+//! 2. each step, with t committed tokens and the target cache holding t - 1 of them:
+//!    - propose: `proposer.propose(ctx, tree)` with `ctx.max_nodes` = min(config.max_draft_nodes,
+//!      the positions left in the context - 1);
+//!    - score: one target forward over the whole tree (tokens = tree tokens, positions =
+//!      t - 1 + depth, mask = the tree's ancestor mask), one logits row per node;
+//!    - verify: `verifier.verify(tree, logits, policy, committed, rng, result)`;
+//!    - commit: the cache keeps the root and the accepted nodes (`truncate` when they are the
+//!      first nodes of a chain, `keep_path` otherwise), `proposer.accept(result)`, then the
+//!      accepted tokens and the bonus token are emitted one by one through the stop checks.
+//! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0;
+//! proposers that sample draw from it first, then the verifier reads its words and advances it by
+//! the tree size, so a request is reproducible from its seed.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/forward.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/propose_context.hpp"
+#include "specdec/core/stats.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+#include "specdec/core/views.hpp"
+#include "specdec/decode/common.hpp"
+#include "specdec/decode/verifier_traits.hpp"
+
+namespace specdec {
+
+namespace detail {
+
+//! Seconds elapsed since `start` on the steady clock.
+[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) noexcept {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+//! The positions the target cache can hold: the smaller of the model's context and the cache's
+//! capacity.
+template <class Model>
+[[nodiscard]] std::size_t context_capacity(Model& model) {
+  return std::min<std::size_t>(model.max_context(), model.cache().capacity());
+}
+
+//! Checks a prompt for a model of `vocab` tokens and `capacity` positions.
+inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, std::size_t capacity,
+                         char const* where) {
+  SPECDEC_CHECK(!prompt.empty(), invalid_argument, where,
+                ": the prompt is empty (it needs at least one token, e.g. BOS)");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    SPECDEC_CHECK(prompt[i] >= 0 && static_cast<std::size_t>(prompt[i]) < vocab, out_of_range,
+                  where, ": prompt token ", prompt[i], " at index ", i,
+                  " is outside the vocabulary of ", vocab);
+  SPECDEC_CHECK(prompt.size() <= capacity, context_overflow, where, ": a prompt of ", prompt.size(),
+                " tokens does not fit the context of ", capacity, " positions");
+}
+
+}  // namespace detail
+
+//! Speculative decoding of one sequence at a time: DESIGN.md's loop (see the file comment).
+//!
+//! \tparam Model    the target, a `causal_lm`; held by reference, its cache is reset per request.
+//! \tparam Proposer a `proposer`; held by reference. Its traits select what the loop does:
+//!                  `needs_target_hidden` requests hidden rows from the target and passes those of
+//!                  the last committed tokens in `propose_context::target_hidden`.
+//! \tparam Verifier a `verifier` for Policy; owned (verifiers own scratch buffers).
+//! \tparam Policy   a `sampling_policy`; owned. The verifier uses it for every target row.
+//! Pairings that cannot work are rejected at compile time (see `compatible_v`).
+//! Not thread-safe: one request at a time per decoder.
+template <causal_lm Model, proposer Proposer, class Verifier, sampling_policy Policy>
+requires verifier<Verifier, Policy>
+class speculative_decoder {
+  static_assert(!(samples_drafts_v<Proposer> && verifier_traits<Verifier>::greedy_only),
+                "speculative_decoder: this proposer samples its drafts (and records q rows); a "
+                "greedy-only verifier would ignore them. Use a sampling verifier.");
+  static_assert(!(verifier_traits<Verifier>::requires_draft_probabilities &&
+                  !samples_drafts_v<Proposer>),
+                "speculative_decoder: this verifier needs draft probabilities (q rows) but the "
+                "proposer drafts deterministic candidates. Use a greedy or tree verifier.");
+  static_assert(!(produces_trees_v<Proposer> && verifier_traits<Verifier>::chains_only),
+                "speculative_decoder: this proposer drafts trees but the verifier handles chains "
+                "only. Use a tree verifier.");
+
+ public:
+  using model_type = Model;        //!< the target model
+  using proposer_type = Proposer;  //!< the drafting strategy
+  using verifier_type = Verifier;  //!< the acceptance rule
+  using policy_type = Policy;      //!< the sampling policy
+
+  //! A decoder scoring drafts of `proposer` with `target`. `target` and `proposer` must outlive
+  //! the decoder. Throws `errc::invalid_argument` for a bad configuration.
+  speculative_decoder(Model& target, Proposer& proposer, Verifier verifier, Policy policy,
+                      decode_config config = {})
+      : target_(&target),
+        proposer_(&proposer),
+        verifier_(std::move(verifier)),
+        policy_(std::move(policy)),
+        config_(std::move(config)),
+        tree_(config_.max_draft_nodes + 1) {
+    config_.validate(target.vocab_size());
+    positions_.reserve(config_.max_draft_nodes + 1);
+    keep_.reserve(config_.max_draft_nodes + 1);
+  }
+
+  //! Generates from `prompt` (every token < vocab, at least one, fitting the context), calling
+  //! `on_token` per emitted token. Throws `specdec::error` for a bad prompt or a component failure.
+  [[nodiscard]] decode_result generate(std::span<token_id const> prompt,
+                                       token_callback const& on_token = {}) {
+    decode_result out;
+    generate(prompt, out, on_token);
+    return out;
+  }
+
+  //! As above, into `out` (its buffers are reused).
+  void generate(std::span<token_id const> prompt, decode_result& out,
+                token_callback const& on_token = {}) {
+    auto const request_start = std::chrono::steady_clock::now();
+    Model& target = *target_;
+    std::size_t const vocab = target.vocab_size();
+    std::size_t const capacity = detail::context_capacity(target);
+    detail::check_prompt(prompt, vocab, capacity, "speculative_decoder");
+
+    out.stats = request_stats{};
+    out.stats.prompt_tokens = prompt.size();
+    sink_.begin(config_, prompt, out, &on_token, config_.max_draft_nodes);
+    philox rng(config_.seed, config_.stream, 0);
+    target.cache().truncate(0);
+
+    // Prefill x_1..x_{t-1}; x_t is the first root.
+    auto const prefill_start = std::chrono::steady_clock::now();
+    matrix_view<float const> hidden_rows;
+    if (prompt.size() > 1) {
+      std::size_t const n = prompt.size() - 1;
+      positions_.resize(n);
+      for (std::size_t i = 0; i < n; ++i) positions_[i] = static_cast<position_t>(i);
+      std::int32_t const last_row = static_cast<std::int32_t>(n - 1);
+      forward_request req{.tokens = prompt.first(n),
+                          .positions = positions_,
+                          .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
+      if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
+      target.forward(req, fwd_);
+      if constexpr (needs_target_hidden_v<Proposer>) hidden_rows = fwd_.hidden_view();
+    }
+    proposer_->begin(prompt);
+    out.stats.prefill_seconds = detail::seconds_since(prefill_start);
+
+    while (!sink_.done()) {
+      std::span<token_id const> const committed = sink_.committed();
+      std::size_t const base = committed.size() - 1;  // positions in the target cache
+      SPECDEC_CHECK(target.cache().size() == base, internal,
+                    "speculative_decoder: the target cache", " holds ", target.cache().size(),
+                    " positions, expected ", base);
+      if (base >= capacity) {
+        sink_.context_full();
+        break;
+      }
+      step_stats step;
+
+      // 1. propose
+      auto t0 = std::chrono::steady_clock::now();
+      propose_context ctx;
+      ctx.tokens = committed;
+      ctx.target_hidden = hidden_rows;
+      ctx.max_nodes = std::min(config_.max_draft_nodes, capacity - base - 1);
+      ctx.rng = &rng;
+      proposer_->propose(ctx, tree_);
+      step.propose_seconds = detail::seconds_since(t0);
+      SPECDEC_CHECK(!tree_.empty() && tree_.root() == committed.back(), invalid_argument,
+                    "speculative_decoder: the proposer's tree must have the last committed token ",
+                    committed.back(), " as its root");
+      SPECDEC_CHECK(tree_.num_drafted() <= ctx.max_nodes, invalid_argument,
+                    "speculative_decoder: the proposer drafted ", tree_.num_drafted(),
+                    " nodes, more than max_nodes = ", ctx.max_nodes);
+      step.tree_size = tree_.num_drafted();
+      step.tree_depth = static_cast<std::size_t>(tree_.max_depth());
+
+      // 2. score the whole tree in one forward
+      t0 = std::chrono::steady_clock::now();
+      std::size_t const n = tree_.size();
+      positions_.resize(n);
+      for (std::size_t i = 0; i < n; ++i)
+        positions_[i] = static_cast<position_t>(base) + tree_.depth(static_cast<node_index>(i));
+      forward_request req{.tokens = tree_.tokens(),
+                          .positions = positions_,
+                          .mask = tree_.mask(),
+                          .mask_stride = tree_.mask_stride()};
+      if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
+      target.forward(req, fwd_);
+      step.score_seconds = detail::seconds_since(t0);
+
+      // 3. verify
+      t0 = std::chrono::steady_clock::now();
+      verifier_.verify(tree_, fwd_.logits_view(), policy_, committed, rng, result_);
+      step.verify_seconds = detail::seconds_since(t0);
+      SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
+                    "speculative_decoder: the verifier returned ", result_.tokens.size(),
+                    " tokens for ", result_.accepted_nodes.size(), " accepted nodes");
+
+      // 4. commit
+      t0 = std::chrono::steady_clock::now();
+      std::size_t const m = result_.num_accepted();
+      bool prefix_of_chain = true;
+      for (std::size_t i = 0; i < m; ++i) {
+        node_index const a = result_.accepted_nodes[i];
+        SPECDEC_CHECK(a > 0 && static_cast<std::size_t>(a) < n &&
+                          tree_.depth(a) == static_cast<std::int32_t>(i + 1) &&
+                          tree_.parent(a) == (i == 0 ? 0 : result_.accepted_nodes[i - 1]),
+                      internal,
+                      "speculative_decoder: the verifier's accepted nodes are not a "
+                      "root-to-node path (entry ",
+                      i, " is node ", a, ")");
+        prefix_of_chain = prefix_of_chain && a == static_cast<node_index>(i + 1);
+      }
+      if (prefix_of_chain) {
+        target.cache().truncate(base + m + 1);
+      } else {
+        keep_.clear();
+        keep_.push_back(0);
+        keep_.insert(keep_.end(), result_.accepted_nodes.begin(), result_.accepted_nodes.end());
+        target.cache().keep_path(base, keep_);
+      }
+      if constexpr (needs_target_hidden_v<Proposer>) hidden_rows = gather_hidden();
+      proposer_->accept(result_);
+      step.accepted = m;
+      std::size_t const emitted_before = sink_.emitted();
+      for (token_id tok : result_.tokens)
+        if (sink_.emit(tok)) break;
+      step.emitted = sink_.emitted() - emitted_before;
+      step.commit_seconds = detail::seconds_since(t0);
+      out.stats.add(step);
+    }
+    out.stats.total_seconds = detail::seconds_since(request_start);
+  }
+
+  //! The configuration (changes apply from the next request; keep max_draft_nodes unchanged).
+  [[nodiscard]] decode_config& config() noexcept { return config_; }
+  [[nodiscard]] decode_config const& config() const noexcept { return config_; }
+  //! The owned verifier.
+  [[nodiscard]] Verifier& get_verifier() noexcept { return verifier_; }
+  //! The owned sampling policy.
+  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+
+ private:
+  //! Copies the hidden rows of the root and the accepted nodes, in order, into `hidden_`.
+  matrix_view<float const> gather_hidden() {
+    matrix_view<float const> const all = fwd_.hidden_view();
+    if (all.empty()) return {};
+    std::size_t const h = all.cols();
+    std::size_t const rows = result_.num_accepted() + 1;
+    hidden_.resize(rows * h);
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::size_t const node = r == 0 ? 0 : static_cast<std::size_t>(result_.accepted_nodes[r - 1]);
+      std::span<float const> const src = all.at_row(node);
+      std::copy(src.begin(), src.end(), hidden_.begin() + static_cast<std::ptrdiff_t>(r * h));
+    }
+    return matrix_view<float const>(hidden_.data(), rows, h);
+  }
+
+  Model* target_;
+  Proposer* proposer_;
+  Verifier verifier_;
+  Policy policy_;
+  decode_config config_;
+  draft_tree tree_;
+  forward_result fwd_;
+  verify_result result_;
+  detail::token_sink sink_;
+  std::vector<position_t> positions_;
+  std::vector<std::int32_t> keep_;
+  std::vector<float> hidden_;
+};
+
+}  // namespace specdec

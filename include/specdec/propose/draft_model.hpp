@@ -1,0 +1,303 @@
+#pragma once
+//! \file
+//! `draft_model_proposer`: a smaller causal language model drafts a chain of k tokens, one forward
+//! per token, and rolls its KV cache back to what the target accepted.
+//!
+//! Draft cache. The draft model has its own cache holding a prefix of the committed tokens plus the
+//! drafted tokens it has been fed. `propose` first feeds every committed token the cache lacks (the
+//! whole prompt on the first step; the bonus token -- and after a full acceptance also the last
+//! draft token, which was drafted but never fed -- on later steps) in one batched forward, then
+//! drafts d_1..d_k feeding d_1..d_{k-1} one at a time. `accept` truncates the cache to the
+//! committed tokens plus the accepted drafts, which covers every case: partial acceptance (the
+//! rejected drafts go), full acceptance (d_k was never in the cache, it is fed with the bonus at
+//! the next step) and the bonus token (fed at the next step). If the committed tokens ever
+//! disagree with the cache (a new sequence without `begin`, a caller that edited its history), the
+//! cache is cut back to the longest common prefix and refilled, so the draft never conditions on
+//! stale tokens.
+//!
+//! Modes (a template parameter, so `samples_drafts` stays a compile-time trait):
+//! - `draft_mode::greedy`: d_i = policy.greedy_token(draft row, history); the drafts are
+//!   deterministic candidates (no q rows); pair with a greedy or tree verifier.
+//! - `draft_mode::sample`: d_i is drawn from q_i = policy.distribution(draft row, history) with the
+//!   request's Philox stream, and q_i is recorded as the tree's q row i - 1; pair with a
+//!   speculative-sampling (or tree) verifier, which accepts with min(1, p/q). Lossless.
+//!
+//! Options: a confidence cutoff (stop drafting when the draft's top probability under its plain
+//! softmax falls below a threshold; the first draft token is always drafted) and an adaptive draft
+//! length (after a step whose drafts were all accepted k grows by `k_step_up`, after a rejection it
+//! shrinks by one, within [k_min, k_max]). Both depend only on the draft's own outputs and on past
+//! acceptance, so sampling stays lossless.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/forward.hpp"
+#include "specdec/core/propose_context.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+
+namespace specdec {
+
+//! How a model-based proposer picks its draft tokens.
+enum class draft_mode {
+  greedy,  //!< the policy's greedy token of each draft row (deterministic candidates)
+  sample,  //!< drawn from the policy's distribution of each draft row, recorded as q rows
+};
+
+//! Configuration of a chain-drafting model proposer.
+struct draft_model_config {
+  //! Draft length per step (the starting length when `adaptive`).
+  std::size_t k = 4;
+  //! Adapt k to recent acceptance within [k_min, k_max].
+  bool adaptive = false;
+  std::size_t k_min = 1;      //!< smallest adaptive k (>= 1)
+  std::size_t k_max = 8;      //!< largest adaptive k (>= k_min)
+  std::size_t k_step_up = 2;  //!< growth of k after a step whose drafts were all accepted
+  //! Stop drafting once the draft's top probability (plain softmax of its logits) is below this;
+  //! 0 disables the cutoff. In [0, 1].
+  float confidence_threshold = 0.0f;
+
+  //! Throws `errc::invalid_argument` naming the field that is out of its domain.
+  void validate() const {
+    SPECDEC_CHECK(k < max_tree_nodes, invalid_argument, "draft_model_config: k = ", k,
+                  " must be below ", max_tree_nodes);
+    SPECDEC_CHECK(k_min >= 1 && k_min <= k_max && k_max < max_tree_nodes, invalid_argument,
+                  "draft_model_config: need 1 <= k_min <= k_max < ", max_tree_nodes,
+                  " (k_min = ", k_min, ", k_max = ", k_max, ")");
+    SPECDEC_CHECK(!adaptive || (k >= k_min && k <= k_max), invalid_argument,
+                  "draft_model_config: adaptive k = ", k, " is outside [", k_min, ", ", k_max, "]");
+    SPECDEC_CHECK(confidence_threshold >= 0.0f && confidence_threshold <= 1.0f, invalid_argument,
+                  "draft_model_config: confidence_threshold ", confidence_threshold,
+                  " is outside [0, 1]");
+  }
+};
+
+namespace detail {
+
+//! Probability of the most likely token under the plain softmax of `logits` (1 / sum exp(l - max)).
+//! Non-finite rows give 0 (no confidence).
+[[nodiscard]] inline float top_probability(std::span<float const> logits) noexcept {
+  float hi = -INFINITY;
+  for (float l : logits) hi = std::max(hi, l);
+  if (!std::isfinite(hi)) return 0.0f;
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - hi));
+  return sum > 0.0 && std::isfinite(sum) ? static_cast<float>(1.0 / sum) : 0.0f;
+}
+
+//! The drafting machinery shared by `draft_model_proposer` and `layer_skip_proposer`: a draft
+//! cache kept in step with the committed tokens, chain drafting, rollback and adaptive k. The draft
+//! model is passed to each call so that the owner may hold it by reference or by value.
+template <class Model, class Policy, draft_mode Mode>
+class chain_drafter {
+ public:
+  //! A drafter with `config` (validated), `policy`, and layers to skip in every draft forward.
+  chain_drafter(draft_model_config config, Policy policy, std::vector<std::int32_t> skip_layers)
+      : config_(config), policy_(std::move(policy)), skip_(std::move(skip_layers)), k_(config.k) {
+    config_.validate();
+  }
+
+  //! Starts a sequence: empties the draft cache (the prompt is fed at the first `propose`).
+  void begin(Model& model, std::span<token_id const> prompt) {
+    model.cache().truncate(0);
+    cached_.clear();
+    cached_.reserve(std::min<std::size_t>(model.max_context(), prompt.size() + 4096));
+    committed_at_propose_ = 0;
+    k_ = config_.k;
+  }
+
+  //! Drafts a chain under `ctx.tokens.back()` (see the file comment).
+  void propose(Model& model, propose_context const& ctx, draft_tree& tree) {
+    SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument,
+                  "draft proposer: propose with no committed tokens");
+    tree.reset(ctx.tokens.back());
+    std::size_t const t = ctx.tokens.size();
+    std::size_t const vocab = model.vocab_size();
+    committed_at_propose_ = t;
+    drafted_ = 0;
+    sync(model, ctx.tokens);
+
+    std::size_t const capacity =
+        std::min<std::size_t>(model.max_context(), model.cache().capacity());
+    // Feeding the root and k - 1 drafts needs positions up to t + k - 2.
+    std::size_t k = std::min({k_, ctx.max_nodes, tree.capacity() - 1});
+    if (t > capacity) k = 0;
+    k = std::min(k, capacity + 1 - std::min(capacity + 1, t));
+    if constexpr (Mode == draft_mode::sample) {
+      if (tree.q_vocab() != vocab) tree.enable_q(vocab);
+    } else {
+      if (tree.has_q()) tree.enable_q(0);  // deterministic candidates carry no q rows
+    }
+    if (k == 0) return;
+    if constexpr (Mode == draft_mode::sample)
+      SPECDEC_CHECK(ctx.rng != nullptr, invalid_argument,
+                    "draft proposer: sampling drafts needs propose_context::rng");
+
+    // Feed the committed tokens the cache lacks (at least the root).
+    std::size_t const have = cached_.size();
+    feed(model, ctx.tokens.subspan(have), have);
+
+    node_index parent = 0;
+    for (std::size_t i = 1; i <= k; ++i) {
+      std::span<float const> const row = fwd_.logits_view().at_row(fwd_.logits_count - 1);
+      if (i > 1 && config_.confidence_threshold > 0.0f &&
+          top_probability(row) < config_.confidence_threshold)
+        break;
+      token_id next = no_token;
+      if constexpr (Mode == draft_mode::sample) {
+        std::span<float> const q = tree.q_row(parent);
+        policy_.distribution(row, cached_, q);
+        next = policy_.sample(std::span<float const>(q), *ctx.rng);
+      } else {
+        next = policy_.greedy_token(row, cached_);
+      }
+      SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
+                    "draft proposer: the policy produced token ", next,
+                    " outside the vocabulary of ", vocab);
+      parent = tree.add_node(parent, next);
+      ++drafted_;
+      if (i < k) feed(model, std::span<token_id const>(&next, 1), cached_.size());
+    }
+  }
+
+  //! Rolls the draft cache back to the committed tokens plus the accepted drafts, and adapts k.
+  void accept(Model& model, verify_result const& result) {
+    std::size_t const keep =
+        std::min(cached_.size(), committed_at_propose_ + result.num_accepted());
+    if (keep < cached_.size()) {
+      model.cache().truncate(keep);
+      cached_.resize(keep);
+    }
+    if (config_.adaptive && drafted_ > 0) {
+      if (result.num_accepted() >= drafted_)
+        k_ = std::min(config_.k_max, k_ + config_.k_step_up);
+      else
+        k_ = std::max(config_.k_min, k_ - std::min<std::size_t>(k_, 1));
+    }
+  }
+
+  //! The draft length the next step will use (before the context and max_nodes limits).
+  [[nodiscard]] std::size_t current_k() const noexcept { return k_; }
+  //! Number of positions in the draft cache.
+  [[nodiscard]] std::size_t cached() const noexcept { return cached_.size(); }
+  //! [1, vocab] the draft logits of the last forward (the row after the last fed token).
+  [[nodiscard]] std::span<float const> last_logits() const {
+    return fwd_.logits_count == 0 ? std::span<float const>()
+                                  : fwd_.logits_view().at_row(fwd_.logits_count - 1);
+  }
+  [[nodiscard]] draft_model_config const& config() const noexcept { return config_; }
+  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+  [[nodiscard]] std::span<std::int32_t const> skip_layers() const noexcept { return skip_; }
+
+ private:
+  //! Cuts the cache back to the longest prefix it shares with `tokens`, leaving at least the root
+  //! to feed (so that the next forward yields the row after the root). O(1) when the cache is a
+  //! prefix of `tokens`, as it always is between `accept` and `propose`.
+  void sync(Model& model, std::span<token_id const> tokens) {
+    std::size_t const t = tokens.size();
+    if (model.cache().size() != cached_.size()) {  // the cache was used or reset elsewhere
+      model.cache().truncate(0);
+      cached_.clear();
+    }
+    std::size_t s = cached_.size();
+    bool const consistent = s < t && (s == 0 || cached_[s - 1] == tokens[s - 1]);
+    if (consistent) return;
+    std::size_t const limit = std::min(s, t - 1);
+    std::size_t p = 0;
+    while (p < limit && cached_[p] == tokens[p]) ++p;
+    s = p;
+    model.cache().truncate(s);
+    cached_.resize(s);
+  }
+
+  //! Feeds `tokens` at positions start.. in one causal forward; logits for the last row only.
+  void feed(Model& model, std::span<token_id const> tokens, std::size_t start) {
+    positions_.resize(tokens.size());
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      positions_[i] = static_cast<position_t>(start + i);
+    std::int32_t const last = static_cast<std::int32_t>(tokens.size() - 1);
+    forward_request const req{.tokens = tokens,
+                              .positions = positions_,
+                              .logits_rows = std::span<std::int32_t const>(&last, 1),
+                              .skip_layers = skip_};
+    model.forward(req, fwd_);
+    cached_.insert(cached_.end(), tokens.begin(), tokens.end());
+  }
+
+  draft_model_config config_;
+  Policy policy_;
+  std::vector<std::int32_t> skip_;
+  std::size_t k_;
+  std::vector<token_id> cached_;  //!< the tokens in the draft cache, in order
+  std::vector<position_t> positions_;
+  forward_result fwd_;
+  std::size_t committed_at_propose_ = 0;
+  std::size_t drafted_ = 0;
+};
+
+}  // namespace detail
+
+//! Drafts chains with a separate (smaller) causal language model of the same vocabulary.
+//!
+//! \tparam DraftModel a `causal_lm`; held by reference, its cache belongs to this proposer.
+//! \tparam Policy     a `sampling_policy` for the draft rows (normally the target's policy, so that
+//!                    q is in the same processed space as p); owned.
+//! \tparam Mode       greedy candidates or sampled drafts with q rows (see the file comment).
+template <causal_lm DraftModel, sampling_policy Policy, draft_mode Mode = draft_mode::greedy>
+class draft_model_proposer {
+ public:
+  static constexpr bool produces_trees = false;                       //!< always a chain
+  static constexpr bool samples_drafts = Mode == draft_mode::sample;  //!< q rows when sampling
+  static constexpr bool needs_target_hidden = false;  //!< the draft runs on tokens only
+
+  //! A proposer drafting with `draft` (which must outlive it) for a target of `target_vocab`
+  //! tokens. Throws `errc::invalid_argument` when the vocabularies differ or `config` is invalid.
+  draft_model_proposer(DraftModel& draft, std::size_t target_vocab, Policy policy,
+                       draft_model_config config = {})
+      : draft_(&draft), drafter_(config, std::move(policy), {}) {
+    SPECDEC_CHECK(draft.vocab_size() == target_vocab, invalid_argument,
+                  "draft_model_proposer: the draft model's vocabulary (", draft.vocab_size(),
+                  " tokens) differs from the target's (", target_vocab, " tokens)");
+  }
+
+  //! As above, reading the vocabulary size from the target model.
+  template <causal_lm Target>
+  draft_model_proposer(DraftModel& draft, Target const& target, Policy policy,
+                       draft_model_config config = {})
+      : draft_model_proposer(draft, static_cast<std::size_t>(target.vocab_size()),
+                             std::move(policy), config) {}
+
+  //! Starts a sequence (see `proposer`).
+  void begin(std::span<token_id const> prompt) { drafter_.begin(*draft_, prompt); }
+  //! Drafts a chain of at most min(k, ctx.max_nodes) tokens under ctx.tokens.back().
+  void propose(propose_context const& ctx, draft_tree& tree) {
+    drafter_.propose(*draft_, ctx, tree);
+  }
+  //! Rolls the draft cache back to the accepted tokens and adapts k.
+  void accept(verify_result const& result) { drafter_.accept(*draft_, result); }
+
+  //! The draft length of the next step (before the context and max_nodes limits).
+  [[nodiscard]] std::size_t current_k() const noexcept { return drafter_.current_k(); }
+  //! Positions held in the draft model's cache.
+  [[nodiscard]] std::size_t cached_positions() const noexcept { return drafter_.cached(); }
+  //! [vocab] the draft's logits after the last token it was fed.
+  [[nodiscard]] std::span<float const> last_logits() const { return drafter_.last_logits(); }
+  //! The draft model.
+  [[nodiscard]] DraftModel& draft() const noexcept { return *draft_; }
+  [[nodiscard]] draft_model_config const& config() const noexcept { return drafter_.config(); }
+
+ private:
+  DraftModel* draft_;
+  detail::chain_drafter<DraftModel, Policy, Mode> drafter_;
+};
+
+}  // namespace specdec
