@@ -112,10 +112,10 @@ std::string expect_error(F&& f, errc code) {
   try {
     f();
   } catch (specdec::error const& e) {
-    CHECK_MESSAGE(e.code() == code, "expected ", to_string(code), ", got: ", e.what());
+    CHECK_MESSAGE(e.code() == code, "expected ", to_string(code), ", got: ", std::string(e.what()));
     return e.what();
   } catch (std::exception const& e) {
-    FAIL("expected specdec::error, got std::exception: ", e.what());
+    FAIL("expected specdec::error, got std::exception: ", std::string(e.what()));
     return {};
   }
   FAIL("expected specdec::error (", to_string(code), "), nothing was thrown");
