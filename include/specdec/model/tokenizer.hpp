@@ -90,10 +90,11 @@ class tokenizer {
   }
 
   //! Loads llama2.c's tokenizer.bin: int32 max_token_length, then per token a float32 score, an
-  //! int32 length and that many bytes. Reads `vocab_size` tokens (the model's vocab_size), or
-  //! every token up to the end of the file when `vocab_size` < 0. By llama2.c's convention id 0
-  //! is unknown, 1 is BOS and 2 is EOS (control), and "<0xNN>" pieces are byte tokens. Throws
-  //! `errc::io` / `errc::bad_file` (naming the file, the token and the numbers).
+  //! int32 length and that many bytes. Reads `vocab_size` tokens (the model's vocab_size), which
+  //! must fill the file exactly, or every token up to the end of the file when `vocab_size` < 0. By
+  //! llama2.c's convention id 0 is unknown, 1 is BOS and 2 is EOS (control), and "<0xNN>" pieces
+  //! are byte tokens. Throws `errc::io` / `errc::bad_file` (naming the file, the token and the
+  //! numbers).
   [[nodiscard]] static tokenizer load_llama2c(std::filesystem::path const& path,
                                               std::int32_t vocab_size = -1) {
     auto const map = mapped_file::open(path);
@@ -121,6 +122,9 @@ class tokenizer {
       pieces.emplace_back(reinterpret_cast<char const*>(bytes.data()), bytes.size());
     }
     SPECDEC_CHECK(!pieces.empty(), bad_file, path.string(), ": no tokens");
+    SPECDEC_CHECK(r.remaining() == 0, bad_file, path.string(), ": ", r.remaining(),
+                  " bytes follow the ", pieces.size(),
+                  " tokens expected (a vocabulary of another size?)");
     std::vector<token_type> types(pieces.size(), token_type::normal);
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       if (parse_byte_piece(pieces[i]) >= 0) types[i] = token_type::byte;
