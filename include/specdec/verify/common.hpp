@@ -1,0 +1,493 @@
+#pragma once
+//! \file
+//! What the verifiers share: input validation, the per-node history buffer that penalty-aware
+//! policies see, the inverse-CDF draws (plain, residual max(p - q, 0), with excluded tokens) and
+//! the driver of the ragged batched entry points.
+//!
+//! The draw rule, used for every final (residual or bonus) token of every verifier: with weights
+//! w over the vocabulary and total W = sum(w) (accumulated in double), the drawn token is the first
+//! index i with w[i] > 0 whose running sum exceeds u * W, u = the uniform of Philox word
+//! `offset() + 0`. This is `sample_from` of sampling/sample.hpp; summation order is not part of
+//! the contract (a device may sum differently; that can only move a draw lying within rounding of a
+//! boundary). Should rounding leave u * W unreached, the last index with w[i] > 0 is drawn.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+#include "specdec/core/views.hpp"
+
+namespace specdec::detail {
+
+//! Returned by the draws when no index has positive weight.
+inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
+
+//! Sum of w(0) .. w(n - 1) in double with eight independent accumulators (vectorises).
+template <class W>
+[[nodiscard]] inline double weight_sum(std::size_t n, W const& w) noexcept {
+  double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t l = 0; l < 8; ++l) acc[l] += static_cast<double>(w(i + l));
+  double tail = 0.0;
+  for (; i < n; ++i) tail += static_cast<double>(w(i));
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+}
+
+//! The inverse-CDF scan: the first index i, not in `excluded` (ascending, unique), with
+//! w(i) > 0 whose running sum exceeds u * total; `no_index` when no index qualifies. Blocks of 64
+//! are skipped on their sums; the block where the sum crosses is walked element by element.
+template <class W>
+[[nodiscard]] inline std::size_t scan_weights(std::size_t n, double total, float u, W const& w,
+                                              std::span<token_id const> excluded = {}) noexcept {
+  constexpr std::size_t block = 64;
+  double const target = static_cast<double>(u) * total;
+  double cum = 0.0;
+  std::size_t i = 0;
+  std::size_t e = 0;  // first excluded index >= i
+  for (; i + block <= n; i += block) {
+    double b = weight_sum(block, [&](std::size_t j) { return w(i + j); });
+    std::size_t e_end = e;
+    while (e_end < excluded.size() && static_cast<std::size_t>(excluded[e_end]) < i + block) {
+      float const x = w(static_cast<std::size_t>(excluded[e_end]));
+      if (x > 0.0f) b -= static_cast<double>(x);
+      ++e_end;
+    }
+    if (cum + b > target) break;
+    cum += b;
+    e = e_end;
+  }
+  std::size_t last_positive = no_index;
+  for (; i < n; ++i) {
+    if (e < excluded.size() && static_cast<std::size_t>(excluded[e]) == i) {
+      ++e;
+      continue;
+    }
+    float const x = w(i);
+    if (x > 0.0f) {
+      last_positive = i;
+      cum += static_cast<double>(x);
+      if (cum > target) return i;
+    }
+  }
+  if (last_positive != no_index) return last_positive;
+  // The crossing block was entered on a rounding artefact and held nothing positive: search back.
+  for (std::size_t j = n; j-- > 0;) {
+    bool const skip =
+        std::binary_search(excluded.begin(), excluded.end(), static_cast<token_id>(j));
+    if (!skip && w(j) > 0.0f) return j;
+  }
+  return no_index;
+}
+
+//! Throws `errc::numerical` unless `v` is a finite probability (>= 0).
+inline void check_probability(float v, char const* who, char const* what, node_index node,
+                              token_id token) {
+  SPECDEC_CHECK(std::isfinite(v) && v >= 0.0f, numerical, who, ": ", what, " at node ", node,
+                " for token ", token, " is ", v, ", not a finite probability");
+}
+
+//! Draws from distribution row `p` (weights p[i]) with uniform `u`. Throws `errc::numerical` when
+//! the row has NaN/Inf entries or no mass.
+[[nodiscard]] inline token_id draw_from(std::span<float const> p, float u, char const* who,
+                                        node_index node) {
+  auto const w = [p](std::size_t j) { return p[j]; };
+  double const total = weight_sum(p.size(), w);
+  SPECDEC_CHECK(std::isfinite(total) && total > 0.0, numerical, who,
+                ": the target distribution at node ", node, " sums to ", total,
+                " (NaN/Inf entries or no mass)");
+  std::size_t const i = scan_weights(p.size(), total, u, w);
+  SPECDEC_CHECK(i != no_index, numerical, who, ": the target distribution at node ", node,
+                " has no positive entry");
+  return static_cast<token_id>(i);
+}
+
+//! Draws from `p` with the tokens in `excluded` (ascending, unique) set to zero. Returns
+//! `no_token` when nothing outside `excluded` has mass. Throws `errc::numerical` on NaN/Inf.
+[[nodiscard]] inline token_id draw_excluding(std::span<float const> p,
+                                             std::span<token_id const> excluded, float u,
+                                             char const* who, node_index node) {
+  auto const w = [p](std::size_t j) { return p[j]; };
+  double total = weight_sum(p.size(), w);
+  SPECDEC_CHECK(std::isfinite(total), numerical, who, ": the target distribution at node ", node,
+                " sums to ", total, " (NaN/Inf entries)");
+  for (token_id t : excluded)
+    if (p[static_cast<std::size_t>(t)] > 0.0f)
+      total -= static_cast<double>(p[static_cast<std::size_t>(t)]);
+  if (!(total > 0.0)) return no_token;
+  std::size_t const i = scan_weights(p.size(), total, u, w, excluded);
+  return i == no_index ? no_token : static_cast<token_id>(i);
+}
+
+//! max(p - q, 0), NaN-propagating (a NaN difference stays NaN and poisons the sum).
+[[nodiscard]] inline float residual_weight(float p, float q) noexcept {
+  float const d = p - q;
+  return d < 0.0f ? 0.0f : d;
+}
+
+//! Sum of max(p - q, 0) in double. Throws `errc::numerical` when p or q hold NaN/Inf.
+[[nodiscard]] inline double residual_total(std::span<float const> p, std::span<float const> q,
+                                           char const* who, node_index node) {
+  double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  double raw[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  std::size_t const n = p.size();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (std::size_t l = 0; l < 8; ++l) {
+      float const d = p[i + l] - q[i + l];
+      acc[l] += static_cast<double>(d < 0.0f ? 0.0f : d);
+      raw[l] += static_cast<double>(d);
+    }
+  }
+  double tail = 0.0, tail_raw = 0.0;
+  for (; i < n; ++i) {
+    float const d = p[i] - q[i];
+    tail += static_cast<double>(d < 0.0f ? 0.0f : d);
+    tail_raw += static_cast<double>(d);
+  }
+  double const total =
+      ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+  double const diff =
+      ((raw[0] + raw[1]) + (raw[2] + raw[3])) + ((raw[4] + raw[5]) + (raw[6] + raw[7])) + tail_raw;
+  SPECDEC_CHECK(std::isfinite(total) && std::isfinite(diff), numerical, who,
+                ": the target or draft distribution at node ", node, " has NaN/Inf entries");
+  return total;
+}
+
+//! Draws from norm(max(p - q, 0)); when that residual has no mass, draws from p (the rule of
+//! speculative sampling). Throws `errc::numerical` on NaN/Inf or when p has no mass.
+[[nodiscard]] inline token_id draw_residual(std::span<float const> p, std::span<float const> q,
+                                            float u, char const* who, node_index node) {
+  double const total = residual_total(p, q, who, node);
+  if (total > 0.0) {
+    auto const w = [p, q](std::size_t j) { return residual_weight(p[j], q[j]); };
+    std::size_t const i = scan_weights(p.size(), total, u, w);
+    if (i != no_index) return static_cast<token_id>(i);
+  }
+  return draw_from(p, u, who, node);
+}
+
+//! Replaces `cur` by norm(max(cur - q, 0)) written into `out` (which may alias `cur`), unless that
+//! residual has no mass, in which case `cur` is returned unchanged.
+[[nodiscard]] inline std::span<float const> residual_update(std::span<float const> cur,
+                                                            std::span<float const> q,
+                                                            std::span<float> out, char const* who,
+                                                            node_index node) {
+  double const total = residual_total(cur, q, who, node);
+  if (!(total > 0.0)) return cur;
+  float const scale = static_cast<float>(1.0 / total);
+  std::size_t const n = cur.size();
+  float const* c = cur.data();
+  float const* qq = q.data();
+  float* o = out.data();
+  for (std::size_t i = 0; i < n; ++i) o[i] = residual_weight(c[i], qq[i]) * scale;
+  return std::span<float const>(out.data(), n);
+}
+
+//! Natural log accurate to float rounding for normal x > 0; branch-free so that loops vectorise.
+[[nodiscard]] inline float log_positive(float x) noexcept {
+  std::uint32_t const bits = std::bit_cast<std::uint32_t>(x);
+  std::int32_t e = static_cast<std::int32_t>(bits >> 23) - 127;
+  float m = std::bit_cast<float>((bits & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+  bool const high = m > 1.41421356f;
+  m = high ? m * 0.5f : m;  // [sqrt(1/2), sqrt(2))
+  e = high ? e + 1 : e;
+  float const s = (m - 1.0f) / (m + 1.0f);
+  float const s2 = s * s;
+  float const series =
+      1.0f + s2 * (1.0f / 3.0f + s2 * (1.0f / 5.0f + s2 * (1.0f / 7.0f + s2 * (1.0f / 9.0f))));
+  return 2.0f * s * series + static_cast<float>(e) * 0.693147180559945f;
+}
+
+//! Shannon entropy -sum p ln p (nats) of a distribution row; entries below FLT_MIN count as 0.
+//! Throws `errc::numerical` when the row holds NaN/Inf.
+[[nodiscard]] inline double entropy(std::span<float const> p, char const* who, node_index node) {
+  auto const term = [p](std::size_t j) {
+    float const x = p[j];
+    bool const pos = x >= std::numeric_limits<float>::min();
+    float const safe = pos ? x : 1.0f;
+    float const t = -safe * log_positive(safe);
+    return pos ? t : (x == x ? 0.0f : x);  // keeps NaN
+  };
+  double const h = weight_sum(p.size(), term);
+  SPECDEC_CHECK(std::isfinite(h), numerical, who, ": the target distribution at node ", node,
+                " has NaN/Inf entries");
+  return h;
+}
+
+//! The committed history followed by the path to a node: what a penalty-aware policy sees when it
+//! scores that node's row. Grows geometrically, so it stops allocating once warm.
+class path_history {
+ public:
+  //! Starts a new tree over `committed` (every committed token, the root last) whose paths are
+  //! at most `max_depth` tokens long; reserves room for the longest one (geometric growth).
+  void reset(std::span<token_id const> committed, std::size_t max_depth) {
+    committed_ = committed;
+    copied_ = false;
+    std::size_t const need = committed.size() + max_depth;
+    if (max_depth > 0 && buf_.capacity() < need) buf_.reserve(std::max<std::size_t>(2 * need, 256));
+  }
+
+  //! `committed` followed by the tokens of the path to `node` (root excluded, node included).
+  [[nodiscard]] std::span<token_id const> at(draft_tree const& tree, node_index node) {
+    if (node == 0) return committed_;
+    std::size_t const base = committed_.size();
+    std::size_t const depth = static_cast<std::size_t>(tree.depth(node));
+    if (!copied_) {
+      buf_.assign(committed_.begin(), committed_.end());
+      copied_ = true;
+    }
+    buf_.resize(base + depth);
+    for (node_index a = node; a > 0; a = tree.parent(a))
+      buf_[base + static_cast<std::size_t>(tree.depth(a)) - 1] = tree.token(a);
+    return std::span<token_id const>(buf_.data(), base + depth);
+  }
+
+ private:
+  std::span<token_id const> committed_;
+  std::vector<token_id> buf_;
+  bool copied_ = false;
+};
+
+//! Checks the shapes every verifier needs: a non-empty tree, `rows` == tree.size(), vocab >= 1.
+//! `full` runs `tree.validate(vocab)` (every q row with children is a finite distribution);
+//! otherwise only token ids and the q vocabulary are checked (rows are checked where read).
+inline void check_inputs(char const* who, draft_tree const& tree, std::size_t rows,
+                         std::size_t vocab, bool full) {
+  SPECDEC_CHECK(!tree.empty(), invalid_argument, who, ": the draft tree is empty (no root)");
+  SPECDEC_CHECK(vocab >= 1, invalid_argument, who, ": target rows have 0 columns (vocabulary 0)");
+  SPECDEC_CHECK(rows == tree.size(), invalid_argument, who, ": ", rows,
+                " target rows for a draft tree of ", tree.size(), " nodes (one row per node)");
+  if (full) {
+    tree.validate(vocab);
+    return;
+  }
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    token_id const t = tree.token(static_cast<node_index>(i));
+    SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range, who, ": node ", i,
+                  " has token ", t, ", outside the vocabulary of ", vocab);
+  }
+  SPECDEC_CHECK(!tree.has_q() || tree.q_vocab() == vocab, invalid_argument, who, ": q rows have ",
+                tree.q_vocab(), " entries but target rows have ", vocab);
+}
+
+//! Checks a token a policy returned.
+inline void check_policy_token(token_id t, std::size_t vocab, char const* who, node_index node) {
+  SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range, who,
+                ": the policy returned token ", t, " at node ", node,
+                ", outside the vocabulary of ", vocab);
+}
+
+//! Row source for the logits entry points: the policy's distribution of row `node` (history
+//! extended by the path to the node), written into `buf`.
+template <class Policy>
+struct policy_rows {
+  draft_tree const& tree;
+  matrix_view<float const> logits;  //!< [tree.size(), vocab], row-major
+  Policy const& policy;
+  path_history& history;
+
+  std::span<float const> operator()(node_index node, std::span<float> buf) const {
+    policy.distribution(logits.row(static_cast<std::size_t>(node)), history.at(tree, node), buf);
+    return std::span<float const>(buf.data(), buf.size());
+  }
+};
+
+//! Row source for the probability entry points: row `node` as given.
+struct given_rows {
+  matrix_view<float const> probs;  //!< [tree.size(), vocab], row-major
+
+  std::span<float const> operator()(node_index node, std::span<float> /*buf*/) const noexcept {
+    return probs.row(static_cast<std::size_t>(node));
+  }
+};
+
+//! Greedy walk: from the root, accept the first child whose token is the policy's greedy token
+//! of the current row; the bonus is the greedy token where no child matches. One
+//! `greedy_token` call per walked row; no distribution is written.
+template <class Policy>
+void greedy_walk(char const* who, draft_tree const& tree, matrix_view<float const> logits,
+                 Policy const& policy, path_history& history, verify_result& out) {
+  std::size_t const vocab = logits.cols();
+  node_index node = 0;
+  for (;;) {
+    std::span<float const> const row = logits.row(static_cast<std::size_t>(node));
+    token_id const g = policy.greedy_token(row, history.at(tree, node));
+    check_policy_token(g, vocab, who, node);
+    SPECDEC_CHECK(std::isfinite(row[static_cast<std::size_t>(g)]), numerical, who,
+                  ": the target logit of the greedy token ", g, " at node ", node, " is ",
+                  row[static_cast<std::size_t>(g)]);
+    node_index const child = tree.find_child(node, g);
+    if (child < 0) {
+      out.tokens.push_back(g);
+      return;
+    }
+    out.accepted_nodes.push_back(child);
+    out.tokens.push_back(g);
+    node = child;
+  }
+}
+
+//! Greedy walk over probability rows (argmax of each row, ties to the lowest id).
+inline void greedy_walk_probs(char const* who, draft_tree const& tree,
+                              matrix_view<float const> probs, verify_result& out) {
+  node_index node = 0;
+  for (;;) {
+    std::span<float const> const row = probs.row(static_cast<std::size_t>(node));
+    std::size_t best = 0;
+    float best_v = row[0];
+    for (std::size_t i = 1; i < row.size(); ++i) {
+      if (row[i] > best_v) {
+        best_v = row[i];
+        best = i;
+      }
+    }
+    SPECDEC_CHECK(std::isfinite(best_v) && best_v > 0.0f, numerical, who,
+                  ": the target distribution at node ", node, " has maximum ", best_v,
+                  " (NaN/Inf entries or no mass)");
+    auto const g = static_cast<token_id>(best);
+    node_index const child = tree.find_child(node, g);
+    out.tokens.push_back(g);
+    if (child < 0) return;
+    out.accepted_nodes.push_back(child);
+    node = child;
+  }
+}
+
+//! Scratch that a sampling walk owns; sized once per vocabulary.
+struct walk_scratch {
+  std::vector<float> work;         //!< [vocab] a distribution row or a residual
+  std::vector<token_id> rejected;  //!< rejected sibling tokens (point-mass mode), ascending
+
+  void prepare(std::size_t vocab, std::size_t nodes) {
+    if (work.size() != vocab) work.assign(vocab, 0.0f);
+    if (rejected.capacity() < nodes) rejected.reserve(nodes);
+  }
+};
+
+//! The sampling walk shared by `speculative_sampling_verifier` and `tree_verifier`.
+//!
+//! From the root, with p the target distribution of the current node:
+//! - with q rows (children drawn i.i.d. from q = q_row(node)), each child x in insertion order is
+//!   accepted iff p(x) > 0 and (p(x) >= q(x) or u * q(x) < p(x)), u the uniform of its node's
+//!   word; on rejection p becomes norm(max(p - q, 0)) (unchanged when that has no mass); when all
+//!   children are rejected the token is drawn from max(p - q, 0) of the last p (p if no mass);
+//! - without q rows (point masses), with m the mass not yet rejected (1, minus p(x) of each
+//!   rejected child), each child x is accepted iff p(x) > 0 and (p(x) >= m or u * m < p(x)); when
+//!   all are rejected the token is drawn from p with the rejected tokens removed;
+//! - when a child is accepted the walk moves to it; at a leaf the bonus is drawn from p.
+template <class Source>
+void sampling_walk(char const* who, draft_tree const& tree, Source const& rows, philox const& rng,
+                   walk_scratch& scratch, verify_result& out) {
+  std::span<float> const work(scratch.work);
+  float const u0 = rng.uniform_at(0);
+  node_index node = 0;
+  for (;;) {
+    std::span<float const> cur = rows(node, work);
+    node_index child = tree.first_child(node);
+    if (child < 0) {
+      out.tokens.push_back(draw_from(cur, u0, who, node));
+      return;
+    }
+    node_index accepted = -1;
+    if (tree.has_q()) {
+      std::span<float const> const q = tree.q_row(node);
+      for (; child >= 0; child = tree.next_sibling(child)) {
+        token_id const x = tree.token(child);
+        float const px = cur[static_cast<std::size_t>(x)];
+        float const qx = q[static_cast<std::size_t>(x)];
+        check_probability(px, who, "the target probability", node, x);
+        check_probability(qx, who, "the draft probability", node, x);
+        float const u = rng.uniform_at(static_cast<std::uint64_t>(child));
+        if (px > 0.0f && (px >= qx || u * qx < px)) {
+          accepted = child;
+          break;
+        }
+        if (tree.next_sibling(child) < 0) {
+          out.tokens.push_back(draw_residual(cur, q, u0, who, node));
+          return;
+        }
+        cur = residual_update(cur, q, work, who, node);
+      }
+    } else {
+      float mass = 1.0f;
+      scratch.rejected.clear();
+      for (; child >= 0; child = tree.next_sibling(child)) {
+        token_id const x = tree.token(child);
+        float const px = cur[static_cast<std::size_t>(x)];
+        check_probability(px, who, "the target probability", node, x);
+        float const u = rng.uniform_at(static_cast<std::uint64_t>(child));
+        if (px > 0.0f && (px >= mass || u * mass < px)) {
+          accepted = child;
+          break;
+        }
+        mass -= px;
+        auto const pos = std::lower_bound(scratch.rejected.begin(), scratch.rejected.end(), x);
+        if (pos == scratch.rejected.end() || *pos != x) scratch.rejected.insert(pos, x);
+      }
+      if (accepted < 0) {
+        token_id t = draw_excluding(cur, scratch.rejected, u0, who, node);
+        if (t == no_token) {
+          // Only rounding can get here: the children covered all of p's mass, so the last
+          // rejected child with p > 0 held what was left; it is the token.
+          for (node_index c = tree.first_child(node); c >= 0; c = tree.next_sibling(c))
+            if (cur[static_cast<std::size_t>(tree.token(c))] > 0.0f) t = tree.token(c);
+          SPECDEC_CHECK(t != no_token, numerical, who, ": the target distribution at node ", node,
+                        " has no mass");
+        }
+        out.tokens.push_back(t);
+        return;
+      }
+    }
+    out.accepted_nodes.push_back(accepted);
+    out.tokens.push_back(tree.token(accepted));
+    node = accepted;
+  }
+}
+
+//! Drives a ragged batch: sequence b owns rows [cu_nodes[b], cu_nodes[b + 1]) of `rows`, tree
+//! `tree_at(b)`, `rngs[b]` and `out[b]`; `one(b, tree, rows_of_b)` verifies it. Checks every shape
+//! before verifying any sequence.
+template <class TreeAt, class One>
+void verify_ragged(char const* who, std::size_t batch, TreeAt const& tree_at,
+                   matrix_view<float const> rows, std::span<std::int32_t const> cu_nodes,
+                   std::size_t num_rngs, std::size_t num_out, One const& one) {
+  SPECDEC_CHECK(cu_nodes.size() == batch + 1, invalid_argument, who, ": ", cu_nodes.size(),
+                " cumulative node counts for a batch of ", batch, " (need batch + 1)");
+  SPECDEC_CHECK(num_rngs == batch, invalid_argument, who, ": ", num_rngs,
+                " generators for a batch of ", batch);
+  SPECDEC_CHECK(num_out == batch, invalid_argument, who, ": ", num_out, " results for a batch of ",
+                batch);
+  SPECDEC_CHECK(cu_nodes[0] == 0, invalid_argument, who, ": cu_nodes[0] is ", cu_nodes[0],
+                ", expected 0");
+  SPECDEC_CHECK(static_cast<std::size_t>(cu_nodes[batch]) == rows.rows() && cu_nodes[batch] >= 0,
+                invalid_argument, who, ": cu_nodes[", batch, "] is ", cu_nodes[batch],
+                " but there are ", rows.rows(), " rows");
+  for (std::size_t b = 0; b < batch; ++b) {
+    draft_tree const* t = tree_at(b);
+    SPECDEC_CHECK(t != nullptr, invalid_argument, who, ": tree ", b, " is null");
+    SPECDEC_CHECK(cu_nodes[b + 1] >= cu_nodes[b], invalid_argument, who, ": cu_nodes decreases at ",
+                  b + 1, " (", cu_nodes[b], " -> ", cu_nodes[b + 1], ")");
+    auto const count = static_cast<std::size_t>(cu_nodes[b + 1] - cu_nodes[b]);
+    SPECDEC_CHECK(count == t->size(), invalid_argument, who, ": sequence ", b, " has ", count,
+                  " rows but its tree has ", t->size(), " nodes");
+  }
+  for (std::size_t b = 0; b < batch; ++b) {
+    auto const first = static_cast<std::size_t>(cu_nodes[b]);
+    one(b, *tree_at(b), rows.subrows(first, tree_at(b)->size()));
+  }
+}
+
+}  // namespace specdec::detail

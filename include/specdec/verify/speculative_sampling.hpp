@@ -1,0 +1,155 @@
+#pragma once
+//! \file
+//! `speculative_sampling_verifier`: lossless verification of a drafted chain (Leviathan et al.
+//! 2023; Chen et al. 2023).
+//!
+//! Semantics. The draft is a chain root, d_1, ..., d_k. Let p_i be the target distribution at
+//! node i (the policy's `distribution` of row i, the history extended by d_1..d_i) and q_i the
+//! tree's q row i, the distribution d_{i+1} was drawn from. For i = 1..k in order, d_i is accepted
+//! with probability min(1, p_{i-1}(d_i) / q_{i-1}(d_i)); on the first rejection the token is drawn
+//! from norm(max(p_{i-1} - q_{i-1}, 0)) -- from p_{i-1} itself if that residual has no mass -- and
+//! the walk stops; if all k are accepted the bonus token is drawn from p_k. The emitted tokens are
+//! distributed exactly as plain sampling from the policy.
+//!
+//! The acceptance test, exactly (float arithmetic): with p = p_{i-1}(d_i), q = q_{i-1}(d_i) and u
+//! the uniform of word offset() + i, d_i is accepted iff p > 0 and (p >= q or u * q < p). No
+//! division: a drafted token with q = 0 (the draft claims it could not have drawn it) is accepted
+//! iff p > 0 -- the limit of p/q -- and rejected when p = 0; either way nothing divides by zero
+//! and the residual stays well defined.
+//!
+//! A chain without q rows is verified as point masses (q_{i-1} = one-hot at d_i, the rule for
+//! deterministic candidates): d_i is accepted iff p > 0 and (p >= 1 or u < p), and on rejection
+//! the token is drawn from p_{i-1} with d_i removed.
+//!
+//! RNG contract (shared by every verifier and by the device kernels): for a tree of n nodes the
+//! verifier reads word offset() + j, j >= 1, for the acceptance test of node j, and word
+//! offset() + 0 for the final draw (residual or bonus), which is the inverse-CDF rule of
+//! verify/common.hpp (`sample_from` semantics: first index whose running sum exceeds u * total);
+//! then it advances `rng` by exactly n, whatever the outcome.
+//!
+//! Cost: only rows on the walked path are processed (one `distribution` each); acceptance tests
+//! are gathers; only the first rejected row gets the residual pass (a sum over the vocabulary,
+//! then a scan that stops at the drawn token). A greedy policy (`is_greedy()`) takes the greedy
+//! path: one `greedy_token` per walked row, the same decisions as its one-hot distribution.
+//!
+//! Validation: `verify` runs `tree.validate(vocab)` (token ids < vocab; q rows with children are
+//! finite distributions) and checks that target_logits has one row per node; NaN/Inf logits are
+//! reported by the policy or by the checks on every value read, as `specdec::error`.
+//! `verify_probs` trusts that given rows are distributions: it checks token ids, shapes and every
+//! value it reads (gathered probabilities, and NaN/Inf in any row it passes over), but does not
+//! re-read whole q rows to validate them.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+#include "specdec/core/views.hpp"
+#include "specdec/verify/common.hpp"
+
+namespace specdec {
+
+//! Speculative sampling over a drafted chain (see the file comment for the exact semantics).
+class speculative_sampling_verifier {
+ public:
+  //! Any sampling policy works (greedy ones take the greedy path).
+  static constexpr bool greedy_only = false;
+  //! Chains only; multi-child trees go to `tree_verifier`.
+  static constexpr bool supports_trees = false;
+  //! Uses q rows when the tree has them, and verifies point masses otherwise (lossless for any
+  //! way of choosing the candidates), so q rows are not required.
+  static constexpr bool needs_draft_probs = false;
+  //! Output is distributed exactly as plain sampling.
+  static constexpr bool lossless = true;
+
+  //! Verifies the chain `tree` against `target_logits` ([tree.size(), vocab], row i = the
+  //! target's logits after the path to node i) under `policy`; `history` is every committed
+  //! token with the root last. Throws `errc::invalid_argument` when the tree is not a chain or
+  //! shapes disagree, `errc::out_of_range` for token ids >= vocab, `errc::numerical` for NaN/Inf or
+  //! massless rows. On error `rng` is unchanged. Advances `rng` by tree.size().
+  template <sampling_policy Policy>
+  void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
+              std::span<token_id const> history, philox& rng, verify_result& out) {
+    check_chain(tree);
+    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols(), true);
+    prepare(tree, target_logits.cols(), out);
+    history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
+    if (policy.is_greedy()) {
+      detail::greedy_walk(name, tree, target_logits, policy, history_, out);
+    } else {
+      detail::policy_rows<Policy> const rows{tree, target_logits, policy, history_};
+      detail::sampling_walk(name, tree, rows, rng, scratch_, out);
+    }
+    rng.skip(tree.size());
+  }
+
+  //! The same over target distribution rows `target_probs` ([tree.size(), vocab], row i = p_i,
+  //! already processed by the policy, e.g. by an engine's fused softmax). Same RNG contract.
+  void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
+                    verify_result& out) {
+    check_chain(tree);
+    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols(), false);
+    prepare(tree, target_probs.cols(), out);
+    detail::sampling_walk(name, tree, detail::given_rows{target_probs}, rng, scratch_, out);
+    rng.skip(tree.size());
+  }
+
+  //! Ragged batch: sequence b has tree `*trees[b]`, rows [cu_nodes[b], cu_nodes[b + 1]) of
+  //! `target_logits` ([num_tokens, vocab], row-major), `histories[b]`, `rngs[b]` and `out[b]`.
+  //! Results equal per-sequence `verify` calls. Every shape is checked before any sequence is
+  //! verified; an error in sequence b leaves sequences < b done.
+  template <sampling_policy Policy>
+  void verify_batch(std::span<draft_tree const* const> trees,
+                    matrix_view<float const> target_logits, std::span<std::int32_t const> cu_nodes,
+                    Policy const& policy, std::span<std::span<token_id const> const> histories,
+                    std::span<philox> rngs, std::span<verify_result> out) {
+    SPECDEC_CHECK(histories.size() == trees.size(), invalid_argument, name, ": ", histories.size(),
+                  " histories for a batch of ", trees.size());
+    detail::verify_ragged(
+        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_logits, cu_nodes,
+        rngs.size(), out.size(),
+        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
+          verify(t, rows, policy, histories[b], rngs[b], out[b]);
+        });
+  }
+
+  //! Ragged batch over target distribution rows; results equal per-sequence `verify_probs`.
+  void verify_probs_batch(std::span<draft_tree const* const> trees,
+                          matrix_view<float const> target_probs,
+                          std::span<std::int32_t const> cu_nodes, std::span<philox> rngs,
+                          std::span<verify_result> out) {
+    detail::verify_ragged(
+        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_probs, cu_nodes,
+        rngs.size(), out.size(),
+        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
+          verify_probs(t, rows, rngs[b], out[b]);
+        });
+  }
+
+ private:
+  static constexpr char const* name = "speculative_sampling_verifier";
+
+  static void check_chain(draft_tree const& tree) {
+    SPECDEC_CHECK(tree.empty() || tree.is_chain(), invalid_argument, name,
+                  ": the draft is not a chain (", tree.size(), " nodes, depth ", tree.max_depth(),
+                  "); use tree_verifier for multi-child trees");
+  }
+
+  void prepare(draft_tree const& tree, std::size_t vocab, verify_result& out) {
+    out.clear();
+    auto const depth = static_cast<std::size_t>(tree.max_depth());
+    out.accepted_nodes.reserve(depth);
+    out.tokens.reserve(depth + 1);
+    scratch_.prepare(vocab, tree.size());
+  }
+
+  detail::path_history history_;
+  detail::walk_scratch scratch_;
+};
+
+}  // namespace specdec
