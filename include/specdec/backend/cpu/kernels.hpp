@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -21,7 +22,16 @@ struct simd {
   static reg zero() noexcept { return _mm512_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm512_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm512_fmadd_ps(a, b, c); }
-  static float sum(reg a) noexcept { return _mm512_reduce_add_ps(a); }
+  // GCC 12's unmasked shuffles (and _mm512_reduce_add_ps) start from an undefined register and
+  // warn -Wuninitialized once inlined; the all-ones masked forms do the same without it.
+  static float sum(reg a) noexcept {
+    constexpr __mmask16 all = 0xFFFF;
+    reg s = _mm512_add_ps(a, _mm512_mask_shuffle_f32x4(a, all, a, a, 0x4E));
+    s = _mm512_add_ps(s, _mm512_mask_shuffle_f32x4(s, all, s, s, 0xB1));
+    s = _mm512_add_ps(s, _mm512_mask_permute_ps(s, all, s, 0x4E));
+    s = _mm512_add_ps(s, _mm512_mask_permute_ps(s, all, s, 0xB1));
+    return _mm512_cvtss_f32(s);
+  }
 };
 inline constexpr std::size_t tile_tokens = 4;  // 16 accumulators of 32 registers
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -65,6 +75,19 @@ struct simd {
 inline constexpr std::size_t tile_tokens = 2;
 #endif
 
+//! How far ahead (floats) of each weight row the tile kernels prefetch into L2: keeps enough
+//! memory requests in flight while the core is busy with a batch's multiply-adds.
+inline constexpr std::size_t prefetch_distance = 4096;
+
+//! Prefetches the cache line at `p` into L2 (a hint: never faults, whatever the address).
+inline void prefetch(float const* p) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_prefetch(reinterpret_cast<char const*>(p), _MM_HINT_T1);
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 //! Weight rows per tile.
 inline constexpr std::size_t tile_rows = 4;
 //! Tokens per outer block of `gemm_nt` (bounds the activations kept hot in cache).
@@ -72,7 +95,7 @@ inline constexpr std::size_t token_block = 64;
 
 //! y[t, r] (+)= dot(w[r, :k], x[t, :k]) for R weight rows and T tokens. Every dot product is
 //! computed in the same order whatever R and T, so results do not depend on the batch.
-template <std::size_t R, std::size_t T>
+template <std::size_t R, std::size_t T, bool Prefetch = false>
 inline void dot_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
                      std::size_t k, float* y, std::size_t ldy, bool accumulate) noexcept {
   typename simd::reg acc[R][T];
@@ -83,6 +106,7 @@ inline void dot_tile(float const* w, std::size_t ldw, float const* x, std::size_
     typename simd::reg xv[T];
     for (std::size_t t = 0; t < T; ++t) xv[t] = simd::load(x + t * ldx + i);
     for (std::size_t r = 0; r < R; ++r) {
+      if constexpr (Prefetch) prefetch(w + r * ldw + i + prefetch_distance);
       typename simd::reg const wv = simd::load(w + r * ldw + i);
       for (std::size_t t = 0; t < T; ++t) acc[r][t] = simd::fma(wv, xv[t], acc[r][t]);
     }
@@ -97,12 +121,24 @@ inline void dot_tile(float const* w, std::size_t ldw, float const* x, std::size_
   }
 }
 
-//! One tile row (R weight rows) against tokens [0, n).
+//! One tile row (R weight rows) against tokens [0, n). The first token tile prefetches the rows
+//! ahead; the later ones find them in cache.
 template <std::size_t R>
 inline void row_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
                      std::size_t n, std::size_t k, float* y, std::size_t ldy,
                      bool accumulate) noexcept {
-  std::size_t t = 0;
+  if (n < tile_tokens) {
+    if constexpr (tile_tokens > 3) {
+      if (n == 3) return dot_tile<R, 3, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
+    }
+    if constexpr (tile_tokens > 2) {
+      if (n == 2) return dot_tile<R, 2, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
+    }
+    if (n == 1) dot_tile<R, 1, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
+    return;
+  }
+  dot_tile<R, tile_tokens, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
+  std::size_t t = tile_tokens;
   for (; t + tile_tokens <= n; t += tile_tokens)
     dot_tile<R, tile_tokens>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy, accumulate);
   std::size_t const rest = n - t;
@@ -143,6 +179,202 @@ inline void gemm_nt(float const* w, std::size_t ldw, std::size_t r0, std::size_t
         break;
     }
   }
+}
+
+// ---- attention: 8- (AVX2) or 4-wide (SSE2) vectors along the head dimension.
+#if defined(__AVX2__) && defined(__FMA__)
+struct vec {
+  using reg = __m256;
+  static constexpr std::size_t width = 8;
+  static reg zero() noexcept { return _mm256_setzero_ps(); }
+  static reg set1(float x) noexcept { return _mm256_set1_ps(x); }
+  static reg load(float const* p) noexcept { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg a) noexcept { _mm256_storeu_ps(p, a); }
+  static reg add(reg a, reg b) noexcept { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) noexcept { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) noexcept { return _mm256_mul_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) noexcept { return _mm256_fmadd_ps(a, b, c); }
+  static reg max(reg a, reg b) noexcept { return _mm256_max_ps(a, b); }
+  static float hmax(reg a) noexcept {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 0x55));
+    return _mm_cvtss_f32(m);
+  }
+  static float sum(reg a) noexcept {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+  }
+  //! out[0..4) = the sums of a, b, c, d.
+  static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
+    reg const ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    reg const cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    reg const u = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+  }
+  //! exp(x) for x <= 0 (Cephes' polynomial, ~1 ulp); 0 below -87 (and for -inf).
+  static reg exp(reg x) noexcept {
+    reg const tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256i const n = _mm256_cvtps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)));
+    reg const fn = _mm256_cvtepi32_ps(n);
+    x = _mm256_fnmadd_ps(fn, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fn, _mm256_set1_ps(-2.12194440e-4f), x);
+    reg y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i const e = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(tiny, y);
+  }
+};
+#elif defined(__SSE2__)
+struct vec {
+  using reg = __m128;
+  static constexpr std::size_t width = 4;
+  static reg zero() noexcept { return _mm_setzero_ps(); }
+  static reg set1(float x) noexcept { return _mm_set1_ps(x); }
+  static reg load(float const* p) noexcept { return _mm_loadu_ps(p); }
+  static void store(float* p, reg a) noexcept { _mm_storeu_ps(p, a); }
+  static reg add(reg a, reg b) noexcept { return _mm_add_ps(a, b); }
+  static reg sub(reg a, reg b) noexcept { return _mm_sub_ps(a, b); }
+  static reg mul(reg a, reg b) noexcept { return _mm_mul_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) noexcept { return _mm_add_ps(_mm_mul_ps(a, b), c); }
+  static reg max(reg a, reg b) noexcept { return _mm_max_ps(a, b); }
+  static float hmax(reg a) noexcept {
+    __m128 m = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 0x55));
+    return _mm_cvtss_f32(m);
+  }
+  static float sum(reg a) noexcept {
+    __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+  }
+  static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
+    reg const ab = _mm_add_ps(_mm_unpacklo_ps(a, b), _mm_unpackhi_ps(a, b));
+    reg const cd = _mm_add_ps(_mm_unpacklo_ps(c, d), _mm_unpackhi_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm_movelh_ps(ab, cd), _mm_movehl_ps(cd, ab)));
+  }
+  static reg exp(reg x) noexcept {
+    reg const tiny = _mm_cmplt_ps(x, _mm_set1_ps(-87.0f));
+    x = _mm_max_ps(x, _mm_set1_ps(-87.0f));
+    __m128i const n = _mm_cvtps_epi32(_mm_mul_ps(x, _mm_set1_ps(1.44269504088896341f)));
+    reg const fn = _mm_cvtepi32_ps(n);
+    x = _mm_sub_ps(x, _mm_mul_ps(fn, _mm_set1_ps(0.693359375f)));
+    x = _mm_sub_ps(x, _mm_mul_ps(fn, _mm_set1_ps(-2.12194440e-4f)));
+    reg y = _mm_set1_ps(1.9875691500e-4f);
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(1.3981999507e-3f));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(8.3334519073e-3f));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(4.1665795894e-2f));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(1.6666665459e-1f));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(5.0000001201e-1f));
+    y = _mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(x, x)), _mm_add_ps(x, _mm_set1_ps(1.0f)));
+    __m128i const e = _mm_slli_epi32(_mm_add_epi32(n, _mm_set1_epi32(127)), 23);
+    y = _mm_mul_ps(y, _mm_castsi128_ps(e));
+    return _mm_andnot_ps(tiny, y);
+  }
+};
+#endif
+
+//! s[j] = scale * dot(q[:hs], k[j * ldk : j * ldk + hs]) for j in [0, n): a query against n key
+//! rows (rows ldk floats apart).
+inline void attention_scores(float const* q, float const* k, std::size_t ldk, std::size_t n,
+                             std::size_t hs, float scale, float* s) noexcept {
+  std::size_t j = 0;
+#if defined(__SSE2__)
+  if (hs % vec::width == 0) {
+    for (; j + 4 <= n; j += 4) {
+      float const* const k0 = k + j * ldk;
+      vec::reg a0 = vec::zero(), a1 = vec::zero(), a2 = vec::zero(), a3 = vec::zero();
+      for (std::size_t d = 0; d < hs; d += vec::width) {
+        vec::reg const qv = vec::load(q + d);
+        a0 = vec::fma(qv, vec::load(k0 + d), a0);
+        a1 = vec::fma(qv, vec::load(k0 + ldk + d), a1);
+        a2 = vec::fma(qv, vec::load(k0 + 2 * ldk + d), a2);
+        a3 = vec::fma(qv, vec::load(k0 + 3 * ldk + d), a3);
+      }
+      vec::sum4(a0, a1, a2, a3, s + j);
+      for (std::size_t i = 0; i < 4; ++i) s[j + i] *= scale;
+    }
+  }
+#endif
+  for (; j < n; ++j) {
+    float const* const kj = k + j * ldk;
+    float dot = 0.0f;
+    for (std::size_t d = 0; d < hs; ++d) dot += q[d] * kj[d];
+    s[j] = dot * scale;
+  }
+}
+
+//! Replaces s[0..n) by exp(s[j] - max s) (entries of -inf become 0) and returns their sum.
+inline float softmax_numerators(float* s, std::size_t n) noexcept {
+  std::size_t j = 0;
+  float max = -std::numeric_limits<float>::infinity();
+#if defined(__SSE2__)
+  if (n >= vec::width) {
+    vec::reg m = vec::load(s);
+    for (j = vec::width; j + vec::width <= n; j += vec::width) m = vec::max(m, vec::load(s + j));
+    max = vec::hmax(m);
+  }
+#endif
+  for (; j < n; ++j) max = s[j] > max ? s[j] : max;
+  float sum = 0.0f;
+  j = 0;
+#if defined(__SSE2__)
+  vec::reg const mv = vec::set1(max);
+  vec::reg acc = vec::zero();
+  for (; j + vec::width <= n; j += vec::width) {
+    vec::reg const e = vec::exp(vec::sub(vec::load(s + j), mv));
+    vec::store(s + j, e);
+    acc = vec::add(acc, e);
+  }
+  sum = vec::sum(acc);
+#endif
+  for (; j < n; ++j) {
+    float const e = s[j] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(s[j] - max);
+    s[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+//! out[:hs] = scale * sum_j p[j] * v[j * ldv : j * ldv + hs] for j in [0, n).
+inline void attention_values(float const* p, float const* v, std::size_t ldv, std::size_t n,
+                             std::size_t hs, float scale, float* out) noexcept {
+#if defined(__SSE2__)
+  if (hs % vec::width == 0) {
+    constexpr std::size_t block = 8;  // accumulators
+    for (std::size_t d0 = 0; d0 < hs; d0 += block * vec::width) {
+      std::size_t const chunks = (hs - d0) / vec::width < block ? (hs - d0) / vec::width : block;
+      vec::reg acc[block];
+      for (std::size_t c = 0; c < block; ++c) acc[c] = vec::zero();
+      for (std::size_t j = 0; j < n; ++j) {
+        vec::reg const pj = vec::set1(p[j]);
+        float const* const vj = v + j * ldv + d0;
+        for (std::size_t c = 0; c < chunks; ++c)
+          acc[c] = vec::fma(pj, vec::load(vj + c * vec::width), acc[c]);
+      }
+      vec::reg const sv = vec::set1(scale);
+      for (std::size_t c = 0; c < chunks; ++c)
+        vec::store(out + d0 + c * vec::width, vec::mul(acc[c], sv));
+    }
+    return;
+  }
+#endif
+  for (std::size_t d = 0; d < hs; ++d) out[d] = 0.0f;
+  for (std::size_t j = 0; j < n; ++j) {
+    float const pj = p[j];
+    float const* const vj = v + j * ldv;
+    for (std::size_t d = 0; d < hs; ++d) out[d] += pj * vj[d];
+  }
+  for (std::size_t d = 0; d < hs; ++d) out[d] *= scale;
 }
 
 //! out[:n] = x[:n] / sqrt(mean(x^2) + eps) * weight[:n].

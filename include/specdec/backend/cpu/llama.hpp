@@ -3,8 +3,6 @@
 //! `cpu_llama`: the Llama forward pass on the CPU (Eigen and register-tiled kernels), with tree
 //! attention over a contiguous KV cache. Satisfies `causal_lm`.
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -301,7 +299,7 @@ class cpu_llama {
       k::rope(kc + (past + t) * kv_dim_, n_kv_heads_, head_size_, cs);
     }
 
-    // Attention over the cache and the visible batch tokens, one task per (token, head).
+    // Attention over the cache and the visible batch tokens, one task per (head, token).
     std::size_t const tasks = n * n_heads_;
     std::size_t const ctx_work = (past + n) * head_size_ * 2;
     pool_task_split(tasks, tasks * ctx_work, [&](std::size_t thread, std::size_t b, std::size_t e) {
@@ -349,48 +347,27 @@ class cpu_llama {
     });
   }
 
-  // Attention of batch token t = task / n_heads, head h = task % n_heads: softmax(q K^T / sqrt(d))
-  // V over cache rows [0, past) and the batch rows the token sees.
+  // Attention of head h = task / n, batch token t = task % n: softmax(q K^T / sqrt(d)) V over cache
+  // rows [0, past) and the batch rows the token sees. Head-major order keeps one head's keys and
+  // values hot in cache across the batch.
   void attend(std::size_t task, forward_request const& req, std::size_t past, float const* kc,
               float const* vc, float* scores) noexcept {
-    using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    using strided = Eigen::Map<row_major const, Eigen::Unaligned, Eigen::OuterStride<>>;
-    using vec_map = Eigen::Map<Eigen::VectorXf>;
-    using cvec_map = Eigen::Map<Eigen::VectorXf const>;
-    std::size_t const t = task / n_heads_;
-    std::size_t const h = task % n_heads_;
-    std::size_t const kvh = h / (n_heads_ / n_kv_heads_);
+    namespace k = detail::cpu;
+    std::size_t const n = req.tokens.size();
+    std::size_t const h = task / n;
+    std::size_t const t = task % n;
+    std::size_t const kv_off = (h / (n_heads_ / n_kv_heads_)) * head_size_;
     std::size_t const end = past + visible_end_[t];  // rows [0, end) may be visible
-    auto const rows = static_cast<Eigen::Index>(end);
-    auto const hs = static_cast<Eigen::Index>(head_size_);
-    auto const stride = Eigen::OuterStride<>(static_cast<Eigen::Index>(kv_dim_));
-    strided const keys(kc + kvh * head_size_, rows, hs, stride);
-    strided const vals(vc + kvh * head_size_, rows, hs, stride);
-    cvec_map const q(q_.data() + t * dim_ + h * head_size_, hs);
-    vec_map s(scores, rows);
-    s.noalias() = keys * q;
-
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
-    float max = -std::numeric_limits<float>::infinity();
-    for (std::size_t j = 0; j < end; ++j) {
-      if (j >= past && !req.visible(t, j - past)) {
-        scores[j] = -std::numeric_limits<float>::infinity();
-        continue;
-      }
-      scores[j] *= scale;
-      max = std::max(max, scores[j]);
+    k::attention_scores(q_.data() + t * dim_ + h * head_size_, kc + kv_off, kv_dim_, end,
+                        head_size_, scale, scores);
+    if (!req.mask.empty() || visible_end_[t] != t + 1) {
+      for (std::size_t j = past; j < end; ++j)
+        if (!req.visible(t, j - past)) scores[j] = -std::numeric_limits<float>::infinity();
     }
-    float sum = 0.0f;
-    for (std::size_t j = 0; j < end; ++j) {
-      float const e =
-          scores[j] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[j] - max);
-      scores[j] = e;
-      sum += e;
-    }
-    float const inv = 1.0f / sum;
-    vec_map o(att_.data() + t * dim_ + h * head_size_, hs);
-    o.noalias() = vals.transpose() * s;
-    o *= inv;
+    float const sum = k::softmax_numerators(scores, end);
+    k::attention_values(scores, vc + kv_off, kv_dim_, end, head_size_, 1.0f / sum,
+                        att_.data() + t * dim_ + h * head_size_);
   }
 
   std::shared_ptr<llama_weights const> weights_;
