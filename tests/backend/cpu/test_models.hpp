@@ -1,6 +1,5 @@
 #pragma once
-// Test helpers for the CPU backend: tiny random Llama weights, a minimal reader of the legacy
-// llama2.c checkpoint layout (MANIFEST.md of the model fixtures), an obviously-correct reference
+// Test helpers for the CPU backend: tiny random Llama weights, an obviously-correct reference
 // forward in double precision, and small comparison utilities.
 
 #include <doctest/doctest.h>
@@ -10,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <span>
@@ -34,8 +32,7 @@ inline std::filesystem::path model_file(char const* name) {
 }
 
 // Points a weights struct into one float buffer laid out in llama2.c order.
-inline void point_llama2c(llama_weights& w, float const* base, bool shared_classifier,
-                          std::size_t extra_before_classifier) {
+inline void point_llama2c(llama_weights& w, float const* base, bool shared_classifier) {
   llama_config const& c = w.config;
   auto const d = static_cast<std::size_t>(c.dim), h = static_cast<std::size_t>(c.hidden_dim),
              nl = static_cast<std::size_t>(c.n_layers), v = static_cast<std::size_t>(c.vocab_size),
@@ -58,40 +55,7 @@ inline void point_llama2c(llama_weights& w, float const* base, bool shared_class
   for (auto& l : w.layers) l.w2 = take(d * h);
   for (auto& l : w.layers) l.w3 = take(h * d);
   w.rms_final = take(d);
-  take(extra_before_classifier);
   w.classifier = shared_classifier ? w.token_embedding : take(v * d);
-}
-
-// Reads a legacy llama2.c checkpoint (7 int32 header, then float32 tensors) into memory.
-inline std::shared_ptr<llama_weights const> read_llama2c(std::filesystem::path const& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE_MESSAGE(in.good(), "cannot open ", path.string());
-  std::int32_t header[7];
-  in.read(reinterpret_cast<char*>(header), sizeof header);
-  REQUIRE(in.good());
-  auto w = std::make_shared<llama_weights>();
-  llama_config& c = w->config;
-  c.dim = header[0];
-  c.hidden_dim = header[1];
-  c.n_layers = header[2];
-  c.n_heads = header[3];
-  c.n_kv_heads = header[4];
-  c.shared_classifier = header[5] > 0;
-  c.vocab_size = std::abs(header[5]);
-  c.seq_len = header[6];
-  c.validate(path.string().c_str());
-  auto const bytes = std::filesystem::file_size(path) - sizeof header;
-  auto data = std::make_shared<std::vector<float>>(bytes / sizeof(float));
-  in.read(reinterpret_cast<char*>(data->data()), static_cast<std::streamsize>(bytes));
-  REQUIRE(in.good());
-  std::size_t const rope_tables =
-      static_cast<std::size_t>(c.seq_len) * static_cast<std::size_t>(c.head_size());
-  std::size_t const expected = c.parameter_count() + rope_tables;
-  REQUIRE_MESSAGE(data->size() == expected, path.string(), ": ", data->size(), " floats, expected ",
-                  expected);
-  point_llama2c(*w, data->data(), c.shared_classifier, rope_tables);
-  w->storage = data;
-  return w;
 }
 
 // Tiny random weights: N(0, 0.3) matrices (large enough that attention is far from uniform),
@@ -104,7 +68,7 @@ inline std::shared_ptr<llama_weights const> random_llama(llama_config c, std::ui
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.3f);
   for (float& f : *data) f = normal(rng);
-  point_llama2c(*w, data->data(), c.shared_classifier, 0);
+  point_llama2c(*w, data->data(), c.shared_classifier);
   // Norm weights near 1 (they sit inside the buffer, so write through the buffer).
   auto fix = [&](float const* p, std::size_t count) {
     float* q = data->data() + (p - data->data());
