@@ -4,7 +4,8 @@
 //
 // Yardstick, measured in the same run and interleaved with the forwards: streaming the bytes a
 // decode step must read (every weight matrix, the classifier, the norms) once with the same
-// threads, a STREAM-like read (sum). Counters:
+// threads, a STREAM-like read (a vectorised sum with the same software prefetch as the forward's
+// kernels, each tensor split across the threads as the forward splits it). Counters:
 //   decode:  bw_ratio = stream time / decode time (1.0 = decode at the bandwidth bound),
 //            stream_GBps, decode_GBps (weight bytes / decode time), tok_per_s
 //   verify:  x_decode = batch time / 1-token time, measured alternately in the same loop
@@ -14,6 +15,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "specdec/backend/cpu/eigen_gemm.hpp"
 #include "specdec/backend/cpu/kernels.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
@@ -161,9 +164,12 @@ float stream_read(sd::thread_pool& pool, std::vector<std::span<float const>> con
                                       k::simd::zero()};
       float const* p = s.data();
       std::size_t i = b;
-      for (; i + 4 * w <= e; i += 4 * w)
-        for (std::size_t j = 0; j < 4; ++j)
+      for (; i + 4 * w <= e; i += 4 * w) {
+        for (std::size_t j = 0; j < 4; ++j) {
+          k::prefetch(p + i + j * w + k::prefetch_distance);  // as the forward's kernels do
           acc[j] = k::simd::fma(k::simd::load(p + i + j * w), k::simd::load(p + i + j * w), acc[j]);
+        }
+      }
       float total = 0.0f;
       for (auto const& a : acc) total += k::simd::sum(a);
       for (; i < e; ++i) total += p[i];
@@ -314,6 +320,59 @@ void bm_prefill(benchmark::State& state, std::string const& name) {
       benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// The layer matrix products of one forward (q, k, v, o, gate, up, down of every layer) over n
+// tokens, rows split across the pool like the forward does, with the tiled kernel or with Eigen.
+// Manual time = tiled; eigen_over_tiled = Eigen time / tiled time, measured alternately.
+void bm_matmul_vs_eigen(benchmark::State& state, std::string const& name) {
+  model_under_test& m = get_model(name);
+  if (!m.error.empty()) {
+    state.SkipWithError(m.error.c_str());
+    return;
+  }
+  sd::llama_config const& c = m.weights->config;
+  auto const d = static_cast<std::size_t>(c.dim), h = static_cast<std::size_t>(c.hidden_dim),
+             kv = static_cast<std::size_t>(c.kv_dim());
+  auto const n = static_cast<std::size_t>(state.range(0));
+  struct product {
+    float const* w;
+    std::size_t rows, cols;
+  };
+  std::vector<product> products;
+  for (auto const& l : m.weights->layers) {
+    products.push_back({l.wq, d, d});
+    products.push_back({l.wk, kv, d});
+    products.push_back({l.wv, kv, d});
+    products.push_back({l.wo, d, d});
+    products.push_back({l.w1, h, d});
+    products.push_back({l.w3, h, d});
+    products.push_back({l.w2, d, h});
+  }
+  std::vector<float> x(n * std::max(d, h), 0.01f), y(n * std::max(d, h));
+  sd::thread_pool& pool = *m.model->pool();
+  auto pass = [&](bool eigen) {
+    auto const t0 = clock_type::now();
+    for (auto const& p : products)
+      pool.parallel_for(p.rows, sd::detail::cpu::tile_rows, [&](std::size_t r0, std::size_t r1) {
+        if (eigen)
+          sd::detail::cpu::eigen_gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(),
+                                         p.rows, false);
+        else
+          sd::detail::cpu::gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(),
+                                   p.rows, false);
+      });
+    return seconds_since(t0);
+  };
+  double tiled_s = 0, eigen_s = 0;
+  for (auto _ : state) {
+    eigen_s += pass(true);
+    double const s = pass(false);
+    tiled_s += s;
+    state.SetIterationTime(s);
+  }
+  state.counters["eigen_over_tiled"] = eigen_s / tiled_s;
+  state.counters["eigen_ms"] = eigen_s / double(state.iterations()) * 1e3;
+}
+
 int register_all() {
   std::vector<std::string> const names{"stories260K", "stories110M", "tinyllama1.1B"};
   for (auto const& name : names) {
@@ -328,6 +387,12 @@ int register_all() {
           tree);
       b->Unit(benchmark::kMillisecond)->UseManualTime();
       for (int n : {1, 2, 3, 5, 9, 17}) b->Arg(n);
+    }
+    if (name == "stories110M") {
+      auto* b = benchmark::RegisterBenchmark(("matmul_vs_eigen/" + name).c_str(),
+                                             bm_matmul_vs_eigen, name);
+      b->Unit(benchmark::kMillisecond)->UseManualTime();
+      for (int n : {1, 5, 17}) b->Arg(n);
     }
     if (name != "tinyllama1.1B")
       benchmark::RegisterBenchmark(("prefill/" + name).c_str(), bm_prefill, name)
