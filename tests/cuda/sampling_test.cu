@@ -20,9 +20,6 @@ namespace {
 
 using specdec::token_id;
 
-constexpr std::size_t vocabs[] = {111, 32000, 128256};
-constexpr std::size_t batches[] = {1, 7, 64};
-
 std::int64_t ulp_distance(float a, float b) {
   std::int32_t ia = 0, ib = 0;
   std::memcpy(&ia, &a, 4);
@@ -69,8 +66,8 @@ TEST_CASE("cuda softmax equals specdec::softmax") {
   cuda_test::require_device();
   std::int64_t worst = 0;
   std::size_t differing = 0, total = 0;
-  for (std::size_t vocab : vocabs) {
-    for (std::size_t rows : batches) {
+  for (std::size_t vocab : cuda_test::vocabs()) {
+    for (std::size_t rows : cuda_test::batches()) {
       auto const logits = test_rows(rows, vocab, static_cast<std::uint32_t>(vocab + rows));
       std::vector<float> expect(logits.size());
       for (std::size_t r = 0; r < rows; ++r)
@@ -151,8 +148,8 @@ TEST_CASE("cuda distribution equals sampler::distribution for every policy step"
   for (auto const& sp : params) {
     specdec::sampler const host(sp);
     specdec::cuda::device_sampler const dev(sp);
-    for (std::size_t vocab : vocabs) {
-      for (std::size_t rows : batches) {
+    for (std::size_t vocab : cuda_test::vocabs()) {
+      for (std::size_t rows : cuda_test::batches()) {
         if (vocab == 128256 && rows == 64 && sp.top_p < 1.0f) continue;  // keep the test fast
         auto const logits = test_rows(rows, vocab, static_cast<std::uint32_t>(vocab * 5 + rows));
         std::vector<float> expect(logits.size());
@@ -230,8 +227,8 @@ TEST_CASE(
   for (auto const& sp : params) {
     specdec::sampler const host(sp);
     specdec::cuda::device_sampler const dev(sp);
-    for (std::size_t vocab : vocabs) {
-      for (std::size_t rows : batches) {
+    for (std::size_t vocab : cuda_test::vocabs()) {
+      for (std::size_t rows : cuda_test::batches()) {
         auto const logits = test_rows(rows, vocab, static_cast<std::uint32_t>(vocab * 11 + rows));
         // Histories (for the penalties): a few dozen tokens per row.
         std::vector<token_id> hist;

@@ -27,6 +27,21 @@ namespace cuda_test {
 
 using specdec::token_id;
 
+// SPECDEC_CUDA_QUICK=1 (used for the compute-sanitizer runs, which are slow) restricts the size
+// sweeps to the smaller vocabularies and batches; the full sweep runs without it.
+inline bool quick() {
+  char const* v = std::getenv("SPECDEC_CUDA_QUICK");
+  return v != nullptr && v[0] == '1';
+}
+// The vocabularies and batch sizes of the sweeps.
+inline std::vector<std::size_t> vocabs() {
+  return quick() ? std::vector<std::size_t>{111, 32000}
+                 : std::vector<std::size_t>{111, 32000, 128256};
+}
+inline std::vector<std::size_t> batches() {
+  return quick() ? std::vector<std::size_t>{1, 7} : std::vector<std::size_t>{1, 7, 64};
+}
+
 // Fails the test (does not skip) when no CUDA device is usable.
 inline void require_device() {
   int count = 0;

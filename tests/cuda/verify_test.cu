@@ -215,9 +215,6 @@ void report(char const* what, tally const& t) {
                << " within rounding");
 }
 
-constexpr std::size_t vocabs[] = {111, 32000, 128256};
-constexpr std::size_t batches[] = {1, 7, 64};
-
 }  // namespace
 
 TEST_CASE("cuda greedy verification equals greedy_verifier (chains and trees)") {
@@ -228,8 +225,8 @@ TEST_CASE("cuda greedy verification equals greedy_verifier (chains and trees)") 
   specdec::sampler const policy(gp);
   specdec::cuda::device_sampler const dpol(gp);
   tally total;
-  for (std::size_t vocab : vocabs) {
-    for (std::size_t batch : batches) {
+  for (std::size_t vocab : cuda_test::vocabs()) {
+    for (std::size_t batch : cuda_test::batches()) {
       if (vocab == 128256 && batch == 64) continue;  // covered by the chain test below
       for (shape s : {shape::chain, shape::tree}) {
         auto const d = make_batch(vocab, batch, s == shape::chain ? 5 : 24, s, false,
@@ -242,7 +239,8 @@ TEST_CASE("cuda greedy verification equals greedy_verifier (chains and trees)") 
       }
     }
   }
-  auto const d = make_batch(128256, 64, 5, shape::chain, false, 99);
+  auto const d = cuda_test::quick() ? make_batch(32000, 7, 5, shape::chain, false, 99)
+                                    : make_batch(128256, 64, 5, shape::chain, false, 99);
   tally const t =
       compare(d, host, policy, dpol.policy(), specdec::cuda::verify_kind::greedy, false, 3);
   CHECK(t.rounding == 0);
@@ -279,8 +277,8 @@ TEST_CASE("cuda speculative sampling on chains equals speculative_sampling_verif
     sp.temperature = temperature;
     specdec::sampler const policy(sp);
     specdec::cuda::device_sampler const dpol(sp);
-    for (std::size_t vocab : vocabs) {
-      for (std::size_t batch : batches) {
+    for (std::size_t vocab : cuda_test::vocabs()) {
+      for (std::size_t batch : cuda_test::batches()) {
         for (std::size_t k : {std::size_t{4}, std::size_t{8}}) {
           if (vocab == 128256 && batch == 64 && k == 8) continue;
           auto const d = make_batch(vocab, batch, k + 1, shape::chain, true,
@@ -336,8 +334,8 @@ TEST_CASE("cuda tree verification equals tree_verifier (point masses and sampled
   specdec::sampler const policy(sp);
   specdec::cuda::device_sampler const dpol(sp);
   tally det, sampled;
-  for (std::size_t vocab : vocabs) {
-    for (std::size_t batch : batches) {
+  for (std::size_t vocab : cuda_test::vocabs()) {
+    for (std::size_t batch : cuda_test::batches()) {
       std::size_t const nodes = vocab == 128256 && batch == 64 ? 16 : 64;
       for (bool q : {false, true}) {
         auto const d = make_batch(vocab, batch, nodes, shape::tree, q,
