@@ -482,3 +482,59 @@ TEST_CASE("distribution is safe to call concurrently on one sampler") {
   for (auto& th : threads) th.join();
   CHECK(mismatches.load() == 0);
 }
+
+TEST_CASE("every top-k / top-p selection path agrees with the reference") {
+  // Rows large enough for the threshold passes, the sparse and dense top-k finishes, the
+  // narrowing passes of top-p on flat rows, and massive ties at the cut (the `ties` rows).
+  using sampling_test::row_kind;
+  std::mt19937_64 gen(31337);
+  std::size_t rows = 0, same_support = 0;
+  auto const check = [&](sd::sampling_params const& params, std::vector<float> const& l,
+                         std::string const& what) {
+    auto const c = sampling_test::compare_with_reference(params, l, {}, what);
+    ++rows;
+    same_support += c.same_support ? 1 : 0;
+  };
+  for (std::size_t vocab : {600u, 2000u, 32000u}) {
+    for (auto kind :
+         {row_kind::flat, row_kind::peaked, row_kind::ties, row_kind::neg_inf, row_kind::grid}) {
+      std::vector<float> const l = sampling_test::make_row(kind, vocab, gen);
+      std::string const where =
+          "vocab " + std::to_string(vocab) + " kind " + sampling_test::name(kind);
+      for (std::int32_t k :
+           {1, 7, 50, 400, 513, 1500, 5000, static_cast<std::int32_t>(vocab) - 1}) {
+        if (static_cast<std::size_t>(k) >= vocab) continue;
+        check(with([&](auto& p) { p.top_k = k; }), l, where + " top_k " + std::to_string(k));
+      }
+      for (float tp : {0.05f, 0.3f, 0.9f, 0.999f}) {
+        check(with([&](auto& p) {
+                p.top_p = tp;
+                p.temperature = 0.7f;
+              }),
+              l, where + " top_p " + std::to_string(tp));
+        check(with([&](auto& p) {
+                p.top_p = tp;
+                p.min_p = 0.3f;
+              }),
+              l, where + " top_p " + std::to_string(tp) + " min_p 0.3");
+        check(with([&](auto& p) {
+                p.top_p = tp;
+                p.top_k = 3000;
+              }),
+              l, where + " top_p " + std::to_string(tp) + " top_k 3000");
+      }
+      check(with([](auto& p) { p.min_p = 0.5f; }), l, where + " min_p 0.5");
+    }
+  }
+  // Constant rows: every token ties.
+  for (std::size_t vocab : {5u, 1000u, 32000u}) {
+    std::vector<float> const l(vocab, 0.25f);
+    std::string const where = "constant row of " + std::to_string(vocab);
+    check(with([](auto& p) { p.top_k = 3; }), l, where + " top_k 3");
+    check(with([](auto& p) { p.top_p = 0.5f; }), l, where + " top_p 0.5");
+    check(with([](auto& p) { p.min_p = 1.0f; }), l, where + " min_p 1");
+    if (vocab > 700) check(with([](auto& p) { p.top_k = 700; }), l, where + " top_k 700");
+  }
+  MESSAGE(rows, " rows compared; ", same_support, " with identical support");
+  CHECK(same_support * 100 >= rows * 97);
+}

@@ -1,13 +1,15 @@
 #pragma once
 //! \file
-//! Row kernels shared by the sampling headers: a float exp accurate to float rounding that the
-//! compiler can vectorise, and checked passes over one row (maximum, exp-and-sum, scaled sums).
-//! Internals (namespace `specdec::detail`), not API.
+//! Row kernels shared by the sampling headers: a float exp accurate to float rounding, and
+//! vectorised passes over one row (checked maximum, exp-and-sum, threshold statistics, gathers,
+//! double-precision sums, argmax). Internals (namespace `specdec::detail`), not API.
 //!
-//! Every reduction here is written with an explicit number of independent lanes and combines
-//! them in a fixed order, so results do not depend on how (or whether) the compiler vectorises
-//! the loop; only fused multiply-add contraction may change the last bit of an exp between
-//! builds.
+//! The kernels use GCC / Clang vector extensions: `simd_width` floats per vector (8 where AVX is
+//! enabled, else 4), so a Release build with -march=native uses AVX registers and a baseline
+//! build SSE ones; scalar code elsewhere compiles unchanged. Every reduction runs over
+//! `row_lanes` = 16 logical lanes combined in a fixed order whatever the vector width, so a
+//! result does not depend on the instruction set, except that fused multiply-add contraction
+//! (where the compiler uses FMA) may change the last bit of an exp.
 
 #include <algorithm>
 #include <bit>
@@ -16,162 +18,398 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <type_traits>
 
 #include "specdec/core/error.hpp"
 
+#if !defined(__GNUC__)
+#error "specdec/sampling needs the GCC / Clang vector extensions (g++ 12+ or clang++ 14+)"
+#endif
+
 namespace specdec::detail {
 
-//! Independent accumulators per reduction (two AVX2 vectors of floats).
+//! Floats per vector register used by the kernels.
+#if defined(__AVX__)
+inline constexpr std::size_t simd_width = 8;
+#else
+inline constexpr std::size_t simd_width = 4;
+#endif
+//! A vector of `simd_width` floats.
+using vfloat = float __attribute__((vector_size(simd_width * sizeof(float))));
+//! A vector of `simd_width` 32-bit integers (comparison masks: -1 true, 0 false).
+using vint = std::int32_t __attribute__((vector_size(simd_width * sizeof(float))));
+//! A vector of `simd_width / 2` doubles.
+using vdouble_half = double __attribute__((vector_size(simd_width * sizeof(float))));
+
+//! Logical lanes of every reduction (16 floats: two AVX vectors, four SSE vectors).
 inline constexpr std::size_t row_lanes = 16;
-//! Elements summed in float per lane before the lane sums are added into doubles.
+//! Vectors per logical step.
+inline constexpr std::size_t row_vectors = row_lanes / simd_width;
+//! Entries summed in float per lane before the lane sums are added into doubles.
 inline constexpr std::size_t row_block = 512;
+
+//! Loads `simd_width` floats from p (any alignment).
+[[nodiscard, gnu::always_inline]] inline vfloat load(float const* p) noexcept {
+  vfloat v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+//! Stores `simd_width` floats to p (any alignment).
+[[gnu::always_inline]] inline void store(float* p, vfloat v) noexcept {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+//! A vector with every lane `x`.
+[[nodiscard, gnu::always_inline]] inline vfloat splat(float x) noexcept {
+  return vfloat{} + x;
+}
+//! Whether any lane of a mask is set.
+[[nodiscard, gnu::always_inline]] inline bool any(vint m) noexcept {
+  std::uint64_t w[sizeof(vint) / 8];
+  __builtin_memcpy(w, &m, sizeof w);
+  std::uint64_t acc = 0;
+  for (std::uint64_t x : w) acc |= x;
+  return acc != 0;
+}
 
 //! Inputs below this give an exp below the smallest normal float; `exp_nonpositive` returns 0.
 inline constexpr float exp_lower_limit = -87.33654f;
 
-//! exp(x) for x <= 0 (x may be -inf; must not be NaN), within about 2 ulp of the correctly
-//! rounded value; exactly 1 at x = 0 and exactly 0 below `exp_lower_limit` (results that would be
-//! subnormal are flushed to 0). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and the Cephes
-//! expf polynomial for exp(r). Branch-free so that loops calling it vectorise.
-[[nodiscard]] inline float exp_nonpositive(float x) noexcept {
+//! exp(x) for x <= 0 (x may be -inf; must not be NaN), on a float or a `vfloat`: within 1 ulp of
+//! the correctly rounded value (checked exhaustively over [-87.34, 0]); exactly 1 at x = 0 and
+//! exactly 0 below `exp_lower_limit` (results that would be subnormal are flushed to 0).
+//! Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and the Cephes expf polynomial for exp(r).
+template <class F>
+[[nodiscard, gnu::always_inline]] inline F exp_nonpositive(F x) noexcept {
+  using I = std::conditional_t<std::is_same_v<F, float>, std::int32_t, vint>;
+  auto const bcast = [](float c) {
+    if constexpr (std::is_same_v<F, float>)
+      return c;
+    else
+      return splat(c);
+  };
   constexpr float log2e = 1.44269504088896341f;
   constexpr float ln2_hi = 0.693359375f;
   constexpr float ln2_lo = -2.12194440e-4f;
   constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  float const xc = x < exp_lower_limit ? exp_lower_limit : x;
-  float const shifted = xc * log2e + round_magic;
-  float const n = shifted - round_magic;
-  std::int32_t const ni = std::bit_cast<std::int32_t>(shifted) - 0x4B400000;
-  float const r = (xc - n * ln2_hi) - n * ln2_lo;
-  float p = 1.9875691500e-4f;
+  F const xc = x < exp_lower_limit ? bcast(exp_lower_limit) : x;
+  F const shifted = xc * log2e + round_magic;
+  F const n = shifted - round_magic;
+  I const ni = std::bit_cast<I>(shifted) - 0x4B400000;
+  F const r = (xc - n * ln2_hi) - n * ln2_lo;
+  F p = bcast(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  float const er = (p * r) * r + r + 1.0f;
-  float const scale = std::bit_cast<float>((ni + 127) << 23);
-  float const y = er * scale;
-  return x < exp_lower_limit ? 0.0f : y;
+  F const er = (p * r) * r + r + 1.0f;
+  F const scale = std::bit_cast<F>((ni + 127) << 23);
+  F const y = er * scale;
+  return x < exp_lower_limit ? bcast(0.0f) : y;
 }
 
-//! Summary of one logits row: its largest value, how many entries are finite, and where the
-//! first NaN or +inf is (or `size` when there is none).
+//! Summary of one logits row.
 struct row_summary {
-  float max = -std::numeric_limits<float>::infinity();        //!< largest non-NaN entry
-  float min_finite = std::numeric_limits<float>::infinity();  //!< smallest finite entry
-  std::size_t finite = 0;                                     //!< number of finite entries
+  float max = -std::numeric_limits<float>::infinity();  //!< largest entry
 };
 
-//! Scans `row` for its maximum, minimum finite entry and number of finite entries, and throws
-//! `errc::numerical` naming the index of the first NaN or +inf, or when no entry is finite.
-//! `who` names the caller in the message.
+//! Throws `errc::numerical` naming the first NaN or +inf entry of x[0..n), or saying that no
+//! entry is finite. Cold path of `summarize_row`.
+[[noreturn]] inline void throw_bad_row(float const* x, std::size_t n, char const* who) {
+  for (std::size_t k = 0; k < n; ++k) {
+    SPECDEC_CHECK(!std::isnan(x[k]), numerical, who, ": logit ", k, " of ", n, " is NaN");
+    SPECDEC_CHECK(x[k] != std::numeric_limits<float>::infinity(), numerical, who, ": logit ", k,
+                  " of ", n, " is +inf");
+  }
+  SPECDEC_THROW(numerical, who, ": no finite logit in a row of ", n,
+                " (every entry is -inf, or the row is empty)");
+}
+
+//! The maximum of `row`; throws `errc::numerical` naming the index of the first NaN or +inf, or
+//! when no entry is finite (an empty row included). `who` names the caller in the message.
+//! One vectorised pass.
 [[nodiscard]] inline row_summary summarize_row(std::span<float const> row, char const* who) {
   constexpr float inf = std::numeric_limits<float>::infinity();
-  float mx[row_lanes];
-  float mn[row_lanes];
-  std::int32_t fin[row_lanes];
-  std::int32_t bad[row_lanes];
-  for (std::size_t j = 0; j < row_lanes; ++j) {
-    mx[j] = -inf;
-    mn[j] = inf;
-    fin[j] = 0;
-    bad[j] = 0;
-  }
   float const* x = row.data();
   std::size_t const n = row.size();
-  std::size_t i = 0;
-  std::size_t finite = 0;
-  // Per-lane finite counts are flushed into `finite` every 2^24 entries, so they never overflow.
-  while (i + row_lanes <= n) {
-    std::size_t const stop = std::min(n - (n - i) % row_lanes, i + (std::size_t{1} << 24));
-    for (; i + row_lanes <= stop; i += row_lanes) {
-      for (std::size_t j = 0; j < row_lanes; ++j) {
-        float const v = x[i + j];
-        mx[j] = v > mx[j] ? v : mx[j];
-        bool const is_finite = v > -inf && v < inf;
-        mn[j] = is_finite && v < mn[j] ? v : mn[j];
-        fin[j] += is_finite ? 1 : 0;
-        bad[j] |= (v != v || v == inf) ? 1 : 0;
-      }
-    }
-    for (std::size_t j = 0; j < row_lanes; ++j) {
-      finite += static_cast<std::size_t>(fin[j]);
-      fin[j] = 0;
+  vfloat mx[row_vectors];
+  vint nan[row_vectors];
+  for (std::size_t v = 0; v < row_vectors; ++v) {
+    mx[v] = splat(-inf);
+    nan[v] = vint{};
+  }
+  std::size_t const full = n - n % row_lanes;
+  for (std::size_t i = 0; i < full; i += row_lanes) {
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      vfloat const a = load(x + i + v * simd_width);
+      mx[v] = a > mx[v] ? a : mx[v];
+      nan[v] |= a != a;
     }
   }
   row_summary s;
-  bool any_bad = false;
-  for (std::size_t j = 0; j < row_lanes; ++j) {
-    s.max = mx[j] > s.max ? mx[j] : s.max;
-    s.min_finite = mn[j] < s.min_finite ? mn[j] : s.min_finite;
-    any_bad = any_bad || bad[j] != 0;
+  bool bad = false;
+  for (std::size_t v = 0; v < row_vectors; ++v) {
+    bad = bad || any(nan[v]);
+    for (std::size_t j = 0; j < simd_width; ++j) s.max = mx[v][j] > s.max ? mx[v][j] : s.max;
+  }
+  for (std::size_t i = full; i < n; ++i) {
+    s.max = x[i] > s.max ? x[i] : s.max;
+    bad = bad || x[i] != x[i];
+  }
+  if (bad || !(s.max > -inf && s.max < inf)) [[unlikely]]
+    throw_bad_row(x, n, who);
+  return s;
+}
+
+//! What `exp_masked` returns.
+struct exp_sums {
+  double total = 0.0;           //!< sum of every written value
+  double at_least_floor = 0.0;  //!< sum of the written values >= `efloor` (when requested)
+};
+
+//! Writes out[i] = x[i] >= zfloor ? exp((x[i] - shift) * scale) : 0 for every i and returns the
+//! sum of the written values (and, with `WithFloor`, the sum of those >= efloor), accumulated in
+//! float over blocks of `row_block` and in double across blocks. Requires x[i] - shift <= 0 (or
+//! -inf), scale > 0 finite, no NaN. `out` may be `x` itself.
+template <bool WithFloor>
+[[nodiscard]] inline exp_sums exp_masked(float const* x, float* out, std::size_t n, float shift,
+                                         float scale, float zfloor, float efloor) noexcept {
+  exp_sums s;
+  std::size_t i = 0;
+  std::size_t const full = n - n % row_lanes;
+  vfloat const vshift = splat(shift), vscale = splat(scale), vzfloor = splat(zfloor),
+               vefloor = splat(efloor), zero = splat(0.0f);
+  while (i < full) {
+    vfloat acc[row_vectors];
+    vfloat acc_floor[row_vectors];
+    for (std::size_t v = 0; v < row_vectors; ++v) acc[v] = acc_floor[v] = zero;
+    std::size_t const stop = std::min(full, i + row_block);
+    for (; i < stop; i += row_lanes) {
+      for (std::size_t v = 0; v < row_vectors; ++v) {
+        vfloat const a = load(x + i + v * simd_width);
+        vfloat const e = a >= vzfloor ? exp_nonpositive((a - vshift) * vscale) : zero;
+        store(out + i + v * simd_width, e);
+        acc[v] += e;
+        if constexpr (WithFloor) acc_floor[v] += e >= vefloor ? e : zero;
+      }
+    }
+    double block = 0.0, block_floor = 0.0;
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      for (std::size_t j = 0; j < simd_width; ++j) {
+        block += static_cast<double>(acc[v][j]);
+        block_floor += static_cast<double>(acc_floor[v][j]);
+      }
+    }
+    s.total += block;
+    s.at_least_floor += block_floor;
   }
   for (; i < n; ++i) {
-    float const v = x[i];
-    s.max = v > s.max ? v : s.max;
-    bool const is_finite = v > -inf && v < inf;
-    if (is_finite) {
-      s.min_finite = v < s.min_finite ? v : s.min_finite;
-      ++finite;
-    }
-    any_bad = any_bad || v != v || v == inf;
+    float const a = x[i];
+    float const e = a >= zfloor ? exp_nonpositive((a - shift) * scale) : 0.0f;
+    out[i] = e;
+    s.total += static_cast<double>(e);
+    if constexpr (WithFloor) s.at_least_floor += e >= efloor ? static_cast<double>(e) : 0.0;
   }
-  s.finite = finite;
-  if (any_bad) [[unlikely]] {
-    for (std::size_t k = 0; k < n; ++k) {
-      SPECDEC_CHECK(!std::isnan(x[k]), numerical, who, ": logit ", k, " of ", n, " is NaN");
-      SPECDEC_CHECK(x[k] != inf, numerical, who, ": logit ", k, " of ", n, " is +inf");
-    }
-  }
-  SPECDEC_CHECK(finite > 0, numerical, who, ": no finite logit in a row of ", n,
-                " (every entry is -inf, or the row is empty)");
   return s;
 }
 
 //! Writes out[i] = exp((x[i] - shift) * scale) for every i and returns the sum of the written
-//! values, accumulated in float over blocks of `row_block` and in double across blocks.
-//! Requires x[i] - shift <= 0 (or -inf) and scale > 0 finite. `out` may be `x` itself.
+//! values (see `exp_masked`). `out` may be `x` itself.
 inline double exp_shifted(float const* x, float* out, std::size_t n, float shift, float scale) {
-  double total = 0.0;
-  std::size_t i = 0;
-  while (i + row_lanes <= n) {
-    float acc[row_lanes] = {};
-    std::size_t const stop = std::min(n - (n - i) % row_lanes, i + row_block);
-    for (; i + row_lanes <= stop; i += row_lanes) {
-      for (std::size_t j = 0; j < row_lanes; ++j) {
-        float const e = exp_nonpositive((x[i + j] - shift) * scale);
-        out[i + j] = e;
-        acc[j] += e;
-      }
-    }
-    double block = 0.0;
-    for (std::size_t j = 0; j < row_lanes; ++j) block += static_cast<double>(acc[j]);
-    total += block;
-  }
-  for (; i < n; ++i) {
-    float const e = exp_nonpositive((x[i] - shift) * scale);
-    out[i] = e;
-    total += static_cast<double>(e);
-  }
-  return total;
+  return exp_masked<false>(x, out, n, shift, scale, -std::numeric_limits<float>::infinity(), 0.0f)
+      .total;
 }
 
 //! out[i] = x[i] * factor. `out` may be `x` itself.
 inline void scale_row(float const* x, float* out, std::size_t n, float factor) noexcept {
-  for (std::size_t i = 0; i < n; ++i) out[i] = x[i] * factor;
+  std::size_t const full = n - n % simd_width;
+  vfloat const f = splat(factor);
+  for (std::size_t i = 0; i < full; i += simd_width) store(out + i, load(x + i) * f);
+  for (std::size_t i = full; i < n; ++i) out[i] = x[i] * factor;
 }
 
-//! Sum of x[0..n) accumulated in double over `row_lanes` lanes combined in a fixed order.
-[[nodiscard]] inline double sum_double(float const* x, std::size_t n) noexcept {
-  double acc[row_lanes] = {};
-  std::size_t i = 0;
-  for (; i + row_lanes <= n; i += row_lanes)
-    for (std::size_t j = 0; j < row_lanes; ++j) acc[j] += static_cast<double>(x[i + j]);
+//! out[i] = x[i] >= floor ? x[i] * factor : 0. `out` may be `x` itself.
+inline void scale_at_least(float const* x, float* out, std::size_t n, float floor,
+                           float factor) noexcept {
+  std::size_t const full = n - n % simd_width;
+  vfloat const f = splat(factor), fl = splat(floor), zero = splat(0.0f);
+  for (std::size_t i = 0; i < full; i += simd_width) {
+    vfloat const a = load(x + i);
+    store(out + i, a >= fl ? a * f : zero);
+  }
+  for (std::size_t i = full; i < n; ++i) out[i] = x[i] >= floor ? x[i] * factor : 0.0f;
+}
+
+//! A vector of `simd_width / 2` floats, converted to `vdouble_half`.
+using vfloat_half = float __attribute__((vector_size(simd_width * sizeof(float) / 2)));
+//! Integer mask of a `vfloat_half` comparison.
+using vint_half = std::int32_t __attribute__((vector_size(simd_width * sizeof(float) / 2)));
+
+//! Sum of x[0..n) in double (every addition in double), over `row_lanes` logical lanes combined
+//! in a fixed order; `bad` is set when an entry is negative or NaN.
+[[nodiscard]] inline double sum_double(float const* x, std::size_t n, bool& bad) noexcept {
+  constexpr std::size_t H = simd_width / 2;
+  constexpr std::size_t V = row_lanes / H;
+  vdouble_half acc[V];
+  vint_half neg = vint_half{};
+  for (std::size_t v = 0; v < V; ++v) acc[v] = vdouble_half{};
+  vfloat_half const zero = vfloat_half{} + 0.0f;
+  std::size_t const full = n - n % row_lanes;
+  for (std::size_t i = 0; i < full; i += row_lanes) {
+    for (std::size_t v = 0; v < V; ++v) {
+      vfloat_half a;
+      __builtin_memcpy(&a, x + i + v * H, sizeof a);
+      neg |= ~(a >= zero);
+      acc[v] += __builtin_convertvector(a, vdouble_half);
+    }
+  }
   double total = 0.0;
-  for (std::size_t j = 0; j < row_lanes; ++j) total += acc[j];
-  for (; i < n; ++i) total += static_cast<double>(x[i]);
+  std::int32_t b = 0;
+  for (std::size_t v = 0; v < V; ++v)
+    for (std::size_t j = 0; j < H; ++j) total += acc[v][j];
+  for (std::size_t j = 0; j < H; ++j) b |= neg[j];
+  bool any_bad = b != 0;
+  for (std::size_t i = full; i < n; ++i) {
+    total += static_cast<double>(x[i]);
+    any_bad = any_bad || !(x[i] >= 0.0f);
+  }
+  bad = any_bad;
   return total;
+}
+
+//! Sum of x[0..n) in double (see the three-argument overload), without the sign check.
+[[nodiscard]] inline double sum_double(float const* x, std::size_t n) noexcept {
+  bool bad = false;
+  return sum_double(x, n, bad);
+}
+
+//! For each of the K thresholds th[k]: count[k] = #{i : x[i] >= th[k]} and, with `Mass`,
+//! mass[k] = sum of those x[i] (float within blocks of `row_block`, double across blocks).
+//! One vectorised pass over the row.
+template <bool Mass, std::size_t K>
+inline void threshold_stats(float const* x, std::size_t n, float const (&th)[K], double (&mass)[K],
+                            double (&count)[K]) noexcept {
+  for (std::size_t k = 0; k < K; ++k) mass[k] = count[k] = 0.0;
+  vfloat vth[K];
+  for (std::size_t k = 0; k < K; ++k) vth[k] = splat(th[k]);
+  vfloat const zero = splat(0.0f);
+  std::size_t i = 0;
+  std::size_t const full = n - n % simd_width;
+  while (i < full) {
+    vfloat am[K];
+    vint ac[K];
+    for (std::size_t k = 0; k < K; ++k) {
+      am[k] = zero;
+      ac[k] = vint{};
+    }
+    std::size_t const stop = std::min(full, i + row_block);
+    for (; i < stop; i += simd_width) {
+      vfloat const a = load(x + i);
+      for (std::size_t k = 0; k < K; ++k) {
+        vint const ge = a >= vth[k];
+        if constexpr (Mass) am[k] += ge ? a : zero;
+        ac[k] -= ge;  // a true lane is -1
+      }
+    }
+    for (std::size_t k = 0; k < K; ++k) {
+      for (std::size_t j = 0; j < simd_width; ++j) {
+        if constexpr (Mass) mass[k] += static_cast<double>(am[k][j]);
+        count[k] += static_cast<double>(ac[k][j]);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    for (std::size_t k = 0; k < K; ++k) {
+      if (x[i] >= th[k]) {
+        if constexpr (Mass) mass[k] += static_cast<double>(x[i]);
+        count[k] += 1.0;
+      }
+    }
+  }
+}
+
+//! Copies (x[i], i) for every i with lo <= x[i] < hi, in index order, into vals / ids (at most
+//! `capacity` of them) and returns how many entries are in the range (which may exceed
+//! `capacity`; only the first `capacity` are stored). Groups of `row_lanes` entries with none in
+//! range are skipped after one vectorised test.
+[[nodiscard]] inline std::size_t gather_range(float const* x, std::size_t n, float lo, float hi,
+                                              float* vals, std::int32_t* ids,
+                                              std::size_t capacity) noexcept {
+  std::size_t found = 0;
+  auto const take = [&](std::size_t i) {
+    if (found < capacity) {
+      vals[found] = x[i];
+      ids[found] = static_cast<std::int32_t>(i);
+    }
+    ++found;
+  };
+  vfloat const vlo = splat(lo), vhi = splat(hi);
+  std::size_t const full = n - n % row_lanes;
+  for (std::size_t i = 0; i < full; i += row_lanes) {
+    vint hit = vint{};
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      vfloat const a = load(x + i + v * simd_width);
+      hit |= (a >= vlo) & (a < vhi);
+    }
+    if (!any(hit)) continue;
+    for (std::size_t j = i; j < i + row_lanes; ++j)
+      if (x[j] >= lo && x[j] < hi) take(j);
+  }
+  for (std::size_t i = full; i < n; ++i)
+    if (x[i] >= lo && x[i] < hi) take(i);
+  return found;
+}
+
+//! Index of the largest entry of x[0..n), n >= 1, ties to the lowest index, NaN never chosen;
+//! -1 when no entry is above -inf.
+[[nodiscard]] inline std::int64_t argmax_index(float const* x, std::size_t n) noexcept {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  // Lane indices are 32-bit: rows longer than that (never a vocabulary) take the scalar loop.
+  std::size_t const full =
+      n <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()) - row_lanes
+          ? n - n % row_lanes
+          : 0;
+  // Per logical lane: the best value and the first index holding it (-1: none yet).
+  vfloat best[row_vectors];
+  vint at[row_vectors];
+  vint idx[row_vectors];
+  for (std::size_t v = 0; v < row_vectors; ++v) {
+    best[v] = splat(ninf);
+    at[v] = vint{} - 1;
+    std::int32_t first[simd_width];
+    for (std::size_t j = 0; j < simd_width; ++j)
+      first[j] = static_cast<std::int32_t>(v * simd_width + j);
+    __builtin_memcpy(&idx[v], first, sizeof first);
+  }
+  auto const step = static_cast<std::int32_t>(row_lanes);
+  for (std::size_t i = 0; i < full; i += row_lanes) {
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      vfloat const a = load(x + i + v * simd_width);
+      vint const better = a > best[v];
+      best[v] = better ? a : best[v];
+      at[v] = better ? idx[v] : at[v];
+      idx[v] += step;
+    }
+  }
+  float b = ninf;
+  std::int64_t a = -1;
+  for (std::size_t v = 0; v < row_vectors; ++v) {
+    for (std::size_t j = 0; j < simd_width; ++j) {
+      std::int64_t const lane_at = at[v][j];
+      if (lane_at < 0) continue;
+      if (a < 0 || best[v][j] > b || (best[v][j] == b && lane_at < a)) {
+        b = best[v][j];
+        a = lane_at;
+      }
+    }
+  }
+  for (std::size_t i = full; i < n; ++i) {
+    if (x[i] > b) {
+      b = x[i];
+      a = static_cast<std::int64_t>(i);
+    }
+  }
+  return a;
 }
 
 //! True when [a, a + an) and [b, b + bn) share memory but do not start at the same address.

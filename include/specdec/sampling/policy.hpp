@@ -19,6 +19,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/sampling/kernels.hpp"
 #include "specdec/sampling/sample.hpp"
+#include "specdec/sampling/select.hpp"
 #include "specdec/sampling/softmax.hpp"
 
 namespace specdec {
@@ -151,62 +152,93 @@ class sampler {
       probs[static_cast<std::size_t>(t)] = 1.0f;
       return;
     }
-    float* z = probs.data();
-    if (probs.data() != logits.data()) std::copy(logits.begin(), logits.end(), z);
-    apply_processing(z, vocab, history);
-    std::span<float const> const zrow(z, vocab);
-    detail::row_summary const s =
-        detail::summarize_row(zrow, "sampler::distribution (after logit bias and penalties)");
+    // Steps 1-2: the processed logits z, materialised in `probs` only when something changes.
+    float const* z = logits.data();
+    if (has_processing(history)) {
+      if (probs.data() != logits.data()) std::copy(logits.begin(), logits.end(), probs.data());
+      apply_processing(probs.data(), vocab, history);
+      z = probs.data();
+    }
+    float const zmax =
+        detail::summarize_row(std::span<float const>(z, vocab),
+                              "sampler::distribution (after logit bias and penalties)")
+            .max;
+    detail::select_scratch& scratch = detail::thread_select_scratch();
 
-    // Top-k on z: keep z > kth, and the first `ties` entries equal to kth.
-    float kth = -std::numeric_limits<float>::infinity();
-    std::size_t kth_ties = vocab;
+    // Step 4, top-k (before the exp: it ranks logits). A small kept set is finished sparsely.
+    float zfloor = -std::numeric_limits<float>::infinity();
     auto const k = static_cast<std::size_t>(params_.top_k);
-    bool const top_k = k > 0 && k < s.finite;
-    if (top_k) {
-      std::vector<float>& tmp = detail::thread_scratch<float, 0>(vocab);
-      std::copy(z, z + vocab, tmp.begin());
-      auto const nth = tmp.begin() + static_cast<std::ptrdiff_t>(k - 1);
-      std::nth_element(tmp.begin(), nth, tmp.begin() + static_cast<std::ptrdiff_t>(vocab),
-                       std::greater<float>());
-      kth = *nth;
-      std::size_t above = 0;
-      for (std::size_t i = 0; i < vocab; ++i) above += z[i] > kth ? 1 : 0;
-      kth_ties = k - above;
-      keep_at_least(z, vocab, kth, kth_ties, -std::numeric_limits<float>::infinity());
-    }
-
-    double total = detail::exp_shifted(z, z, vocab, s.max, inv_temperature_);
-
-    if (params_.top_p < 1.0f) {
-      auto& order = detail::thread_scratch<std::pair<float, std::int32_t>, 1>(vocab);
-      std::size_t m = 0;
-      for (std::size_t i = 0; i < vocab; ++i)
-        if (z[i] > 0.0f) order[m++] = {z[i], static_cast<std::int32_t>(i)};
-      std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m),
-                [](auto const& a, auto const& b) {
-                  return a.first > b.first || (a.first == b.first && a.second < b.second);
-                });
-      double const target = static_cast<double>(params_.top_p) * total;
-      double c = 0.0;
-      std::size_t kept = 0;
-      while (kept < m) {
-        c += static_cast<double>(order[kept].first);
-        ++kept;
-        if (c >= target) break;
+    if (k > 0 && k < vocab) {
+      detail::top_k_result const tk = detail::select_top_k(z, vocab, k, zmax, scratch);
+      if (tk.sparse) {
+        finish_sparse(scratch, k, zmax, probs);
+        return;
       }
-      float const cut = order[kept - 1].first;
-      std::size_t ties = 0;
-      for (std::size_t j = 0; j < kept; ++j) ties += order[j].first == cut ? 1 : 0;
-      keep_at_least(z, vocab, cut, ties, 0.0f);
-      total = c;
+      zfloor = tk.t;
+      if (tk.ties_kept < tk.ties_total) {
+        // Rare: more entries equal the cut than fit. Ban the extra ones (highest ids) by hand.
+        if (z != probs.data()) {
+          std::copy(logits.begin(), logits.end(), probs.data());
+          z = probs.data();
+        }
+        std::size_t keep = tk.ties_kept;
+        for (std::size_t i = 0; i < vocab; ++i) {
+          if (probs[i] != tk.t) continue;
+          if (keep > 0)
+            --keep;
+          else
+            probs[i] = -std::numeric_limits<float>::infinity();
+        }
+      }
     }
-    if (params_.min_p > 0.0f) {
-      float const floor = params_.min_p;  // max q is exp(0) = 1 before normalisation
-      for (std::size_t i = 0; i < vocab; ++i) z[i] = z[i] < floor ? 0.0f : z[i];
+
+    // Step 3: e = exp((z - max) / T) on the kept tokens (the maximum maps to exactly 1).
+    float* e = probs.data();
+    bool const min_p = params_.min_p > 0.0f;
+    float const min_p_floor = params_.min_p;  // q >= min_p * max q  <=>  e >= min_p
+    detail::exp_sums const sums =
+        min_p ? detail::exp_masked<true>(z, e, vocab, zmax, inv_temperature_, zfloor, min_p_floor)
+              : detail::exp_masked<false>(z, e, vocab, zmax, inv_temperature_, zfloor, 0.0f);
+
+    // Steps 5-7: top-p, min-p, renormalise.
+    if (params_.top_p < 1.0f) {
+      detail::top_p_result const tp =
+          detail::select_top_p(e, vocab, sums.total, static_cast<double>(params_.top_p), scratch);
+      if (tp.complete) {
+        // Every kept entry is listed, in order: apply min-p to the list and write it.
+        std::size_t kept = tp.kept;
+        double mass = tp.kept_mass;
+        if (min_p) {
+          while (kept > 1 && scratch.list[kept - 1].value < min_p_floor) {
+            --kept;
+            mass -= static_cast<double>(scratch.list[kept].value);
+          }
+        }
+        write_list(scratch.list.data(), kept, mass, probs);
+        return;
+      }
+      if (!(min_p && min_p_floor > tp.t)) {
+        // Top-p binds: keep e > t and the first ties_kept entries equal to t.
+        if (tp.ties_kept < tp.ties_total) {
+          std::size_t keep = tp.ties_kept;
+          for (std::size_t i = 0; i < vocab; ++i) {
+            if (e[i] != tp.t) continue;
+            if (keep > 0)
+              --keep;
+            else
+              e[i] = 0.0f;
+          }
+        }
+        detail::scale_at_least(e, e, vocab, tp.t, static_cast<float>(1.0 / tp.kept_mass));
+        return;
+      }
     }
-    if (params_.min_p > 0.0f || top_k || params_.top_p < 1.0f) total = detail::sum_double(z, vocab);
-    detail::scale_row(z, z, vocab, static_cast<float>(1.0 / total));
+    if (min_p) {
+      detail::scale_at_least(e, e, vocab, min_p_floor,
+                             static_cast<float>(1.0 / sums.at_least_floor));
+      return;
+    }
+    detail::scale_row(e, e, vocab, static_cast<float>(1.0 / sums.total));
   }
 
   //! Draws a token from `probs` (as given, e.g. from `distribution()`), reading exactly one word
@@ -277,18 +309,52 @@ class sampler {
     }
   }
 
-  //! Keeps entries > cut and the first `ties` entries == cut (in index order); sets every other
-  //! entry to `removed`.
-  static void keep_at_least(float* z, std::size_t vocab, float cut, std::size_t ties,
-                            float removed) noexcept {
-    for (std::size_t i = 0; i < vocab; ++i) {
-      if (z[i] > cut) continue;
-      if (z[i] == cut && ties > 0) {
-        --ties;
-        continue;
-      }
-      z[i] = removed;
+  //! Finishes a row whose top-k set is small: `scratch.list[0..k)` holds the kept (logit, id)
+  //! pairs, logit descending then id ascending. Applies temperature, top-p and min-p to the list
+  //! and writes the row (zeros elsewhere).
+  void finish_sparse(detail::select_scratch& scratch, std::size_t k, float zmax,
+                     std::span<float> probs) const {
+    detail::scored* list = scratch.list.data();
+    double total = 0.0;
+    for (std::size_t i = 0; i < k; ++i) {
+      list[i].value = detail::exp_nonpositive((list[i].value - zmax) * inv_temperature_);
+      total += static_cast<double>(list[i].value);
     }
+    std::size_t kept = k;
+    double mass = total;
+    if (params_.top_p < 1.0f) {
+      double const target = static_cast<double>(params_.top_p) * total;
+      double c = 0.0;
+      std::size_t i = 0;
+      while (i < k) {
+        c += static_cast<double>(list[i].value);
+        ++i;
+        if (c >= target) break;
+      }
+      kept = i;
+      mass = c;
+    }
+    if (params_.min_p > 0.0f) {
+      while (kept > 1 && list[kept - 1].value < params_.min_p) {
+        --kept;
+        mass -= static_cast<double>(list[kept].value);
+      }
+    }
+    write_list(list, kept, mass, probs);
+  }
+
+  //! Writes list[0..kept) (unnormalised probabilities with ids) divided by `mass` into a zeroed
+  //! row.
+  static void write_list(detail::scored const* list, std::size_t kept, double mass,
+                         std::span<float> probs) {
+    // Recompute the mass from the kept values so that the row sums to 1 as closely as possible.
+    double m = 0.0;
+    for (std::size_t i = 0; i < kept; ++i) m += static_cast<double>(list[i].value);
+    if (!(m > 0.0)) m = mass;
+    std::fill(probs.begin(), probs.end(), 0.0f);
+    auto const inv = static_cast<float>(1.0 / m);
+    for (std::size_t i = 0; i < kept; ++i)
+      probs[static_cast<std::size_t>(list[i].id)] = list[i].value * inv;
   }
 
   sampling_params params_;
