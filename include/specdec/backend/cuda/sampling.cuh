@@ -493,9 +493,9 @@ __global__ void __launch_bounds__(1024) distribution_kernel(distribution_params 
           if (!(e > cut || keep_tie)) out[i] = 0.0f;
         });
   }
-  // 5. Min-p: drop e < min_p (the maximum has e = 1).
-  bool const truncated = top_k || pol.top_p < 1.0f || pol.min_p > 0.0f;
-  if (truncated) {
+  // 5. Min-p: drop e < min_p (the maximum has e = 1). After top-p or min-p the host normalises
+  //    by the (double) mass of what is kept; after top-k alone, by the blocked sum above.
+  if (pol.top_p < 1.0f || pol.min_p > 0.0f) {
     double sum = 0.0;
     for (std::int32_t i = tid; i < v; i += dist_threads) {
       float e = out[i];
