@@ -25,14 +25,15 @@ namespace {
 struct preset {
   char const* name;
   std::int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+  bool tied;  // classifier shared with the token embedding, as in the real model
 };
 
 constexpr preset presets[] = {
-    {"stories260K", 64, 172, 5, 8, 4, 512, 512},
-    {"stories15M", 288, 768, 6, 6, 6, 32000, 256},
-    {"stories42M", 512, 1376, 8, 8, 8, 32000, 1024},
-    {"stories110M", 768, 2048, 12, 12, 12, 32000, 1024},
-    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048},
+    {"stories260K", 64, 172, 5, 8, 4, 512, 512, true},
+    {"stories15M", 288, 768, 6, 6, 6, 32000, 256, true},
+    {"stories42M", 512, 1376, 8, 8, 8, 32000, 1024, true},
+    {"stories110M", 768, 2048, 12, 12, 12, 32000, 1024, true},
+    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, false},
 };
 
 void print_help() {
@@ -56,7 +57,9 @@ void print_help() {
       "  --rope-theta X       RoPE base (default 10000; GGUF only, llama2.c files do not store "
       "it)\n"
       "  --rms-eps X          RMSNorm epsilon (default 1e-5; GGUF only)\n"
-      "  --untied             a separate classifier instead of the tied token embedding\n"
+      "  --untied, --tied     a separate classifier, or one tied to the token embedding\n"
+      "                       (default: as the preset's model -- tinyllama-1.1b is untied, the\n"
+      "                       stories models tied; tied for explicit shapes)\n"
       "weights:\n"
       "  --seed N             random seed (default 1)\n"
       "  --stddev X           standard deviation of the matrices (default 0.02)\n"
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
   std::optional<std::int32_t> dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len;
   float rope_theta = 10000.0f, rms_eps = 1e-5f, stddev = 0.02f;
   std::uint64_t seed = 1;
-  bool untied = false;
+  std::optional<bool> tied;
 
   std::vector<std::string_view> const args(argv + 1, argv + argc);
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -127,7 +130,9 @@ int main(int argc, char** argv) {
     } else if (flag == "--rms-eps") {
       rms_eps = parse_number<float>(flag, value());
     } else if (flag == "--untied") {
-      untied = true;
+      tied = false;
+    } else if (flag == "--tied") {
+      tied = true;
     } else if (flag == "--seed") {
       seed = parse_number<std::uint64_t>(flag, value());
     } else if (flag == "--stddev") {
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
     c.n_kv_heads = found->n_kv_heads;
     c.vocab_size = found->vocab_size;
     c.seq_len = found->seq_len;
+    c.shared_classifier = found->tied;
   } else if (!dim || !hidden_dim || !n_layers || !n_heads || !vocab || !seq_len) {
     usage_error(
         "give --preset or all of --dim, --hidden-dim, --layers, --heads, --vocab, --seq-len");
@@ -172,7 +178,7 @@ int main(int argc, char** argv) {
   if (seq_len) c.seq_len = *seq_len;
   c.rope_theta = rope_theta;
   c.rms_eps = rms_eps;
-  c.shared_classifier = !untied;
+  if (tied) c.shared_classifier = *tied;
 
   std::filesystem::path const out_path(*output);
   std::string const fmt =
