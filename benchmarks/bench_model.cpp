@@ -171,7 +171,9 @@ float stream_read(sd::thread_pool& pool, std::vector<std::span<float const>> con
         }
       }
       float total = 0.0f;
-      for (auto const& a : acc) total += k::simd::sum(a);
+      float sums[4];
+      k::simd::sum4(acc[0], acc[1], acc[2], acc[3], sums);
+      for (float const x : sums) total += x;
       for (; i < e; ++i) total += p[i];
       partial[t * 16] += total;
     });

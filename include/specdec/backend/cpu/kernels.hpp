@@ -14,7 +14,9 @@
 
 namespace specdec::detail::cpu {
 
-// ---- a minimal SIMD layer: one float register, loads, fused multiply-add, horizontal sum.
+// ---- a minimal SIMD layer: one float register, loads, fused multiply-add, and `sum4`, which
+// reduces four registers at once with a fixed summation tree (the same tree for each of the four,
+// so a dot product's rounding never depends on which others it is reduced with).
 #if defined(__AVX512F__)
 struct simd {
   using reg = __m512;
@@ -22,15 +24,19 @@ struct simd {
   static reg zero() noexcept { return _mm512_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm512_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm512_fmadd_ps(a, b, c); }
-  // GCC 12's unmasked shuffles (and _mm512_reduce_add_ps) start from an undefined register and
-  // warn -Wuninitialized once inlined; the all-ones masked forms do the same without it.
-  static float sum(reg a) noexcept {
+  // GCC 12's unmasked AVX-512 shuffles start from an undefined register and warn
+  // -Wuninitialized once inlined; the all-ones masked forms do the same without it.
+  static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
     constexpr __mmask16 all = 0xFFFF;
-    reg s = _mm512_add_ps(a, _mm512_mask_shuffle_f32x4(a, all, a, a, 0x4E));
-    s = _mm512_add_ps(s, _mm512_mask_shuffle_f32x4(s, all, s, s, 0xB1));
-    s = _mm512_add_ps(s, _mm512_mask_permute_ps(s, all, s, 0x4E));
-    s = _mm512_add_ps(s, _mm512_mask_permute_ps(s, all, s, 0xB1));
-    return _mm512_cvtss_f32(s);
+    reg const ab =
+        _mm512_add_ps(_mm512_mask_unpacklo_ps(a, all, a, b), _mm512_mask_unpackhi_ps(a, all, a, b));
+    reg const cd =
+        _mm512_add_ps(_mm512_mask_unpacklo_ps(c, all, c, d), _mm512_mask_unpackhi_ps(c, all, c, d));
+    reg u = _mm512_add_ps(_mm512_mask_shuffle_ps(ab, all, ab, cd, 0x44),
+                          _mm512_mask_shuffle_ps(ab, all, ab, cd, 0xEE));
+    u = _mm512_add_ps(u, _mm512_mask_shuffle_f32x4(u, all, u, u, 0x4E));
+    u = _mm512_add_ps(u, _mm512_mask_shuffle_f32x4(u, all, u, u, 0xB1));
+    _mm_storeu_ps(out, _mm512_mask_extractf32x4_ps(_mm_setzero_ps(), 0xF, u, 0));
   }
 };
 inline constexpr std::size_t tile_tokens = 4;  // 16 accumulators of 32 registers
@@ -41,11 +47,11 @@ struct simd {
   static reg zero() noexcept { return _mm256_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm256_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm256_fmadd_ps(a, b, c); }
-  static float sum(reg a) noexcept {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+  static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
+    reg const ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    reg const cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    reg const u = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
   }
 };
 inline constexpr std::size_t tile_tokens = 2;  // 8 accumulators of 16 registers
@@ -56,10 +62,10 @@ struct simd {
   static reg zero() noexcept { return _mm_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm_add_ps(_mm_mul_ps(a, b), c); }
-  static float sum(reg a) noexcept {
-    __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-    return _mm_cvtss_f32(s);
+  static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
+    reg const ab = _mm_add_ps(_mm_unpacklo_ps(a, b), _mm_unpackhi_ps(a, b));
+    reg const cd = _mm_add_ps(_mm_unpacklo_ps(c, d), _mm_unpackhi_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm_movelh_ps(ab, cd), _mm_movehl_ps(cd, ab)));
   }
 };
 inline constexpr std::size_t tile_tokens = 2;
@@ -70,7 +76,12 @@ struct simd {
   static reg zero() noexcept { return 0.0f; }
   static reg load(float const* p) noexcept { return *p; }
   static reg fma(reg a, reg b, reg c) noexcept { return a * b + c; }
-  static float sum(reg a) noexcept { return a; }
+  static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
+  }
 };
 inline constexpr std::size_t tile_tokens = 2;
 #endif
@@ -90,65 +101,88 @@ inline void prefetch(float const* p) noexcept {
 
 //! Weight rows per tile.
 inline constexpr std::size_t tile_rows = 4;
-//! Tokens per outer block of `gemm_nt` (bounds the activations kept hot in cache).
+//! Tokens per outer block of `gemm_nt` (bounds the partial sums and the activations kept hot).
 inline constexpr std::size_t token_block = 64;
+//! Floats of a row per inner block: a tile's weight block (tile_rows x k_block) stays in L1 while
+//! every token tile of the batch passes over it.
+inline constexpr std::size_t k_block = 1024;
 
-//! y[t, r] (+)= dot(w[r, :k], x[t, :k]) for R weight rows and T tokens. Every dot product is
-//! computed in the same order whatever R and T, so results do not depend on the batch.
-template <std::size_t R, std::size_t T, bool Prefetch = false>
-inline void dot_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
-                     std::size_t k, float* y, std::size_t ldy, bool accumulate) noexcept {
-  typename simd::reg acc[R][T];
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t t = 0; t < T; ++t) acc[r][t] = simd::zero();
-  std::size_t i = 0;
-  for (; i + simd::width <= k; i += simd::width) {
+//! part[r * ldp + t] += dot(w[r, k0:k1], x[t, k0:k1]) for R weight rows and T tokens, where
+//! k1 - k0 is a multiple of simd::width. Each dot product's block sum is accumulated and reduced
+//! in the same order whatever R and T.
+template <std::size_t R, std::size_t T, bool Prefetch>
+inline void block_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
+                       std::size_t k0, std::size_t k1, float* part, std::size_t ldp) noexcept {
+  typename simd::reg acc[R * T];
+  for (auto& a : acc) a = simd::zero();
+  for (std::size_t i = k0; i < k1; i += simd::width) {
     typename simd::reg xv[T];
     for (std::size_t t = 0; t < T; ++t) xv[t] = simd::load(x + t * ldx + i);
     for (std::size_t r = 0; r < R; ++r) {
       if constexpr (Prefetch) prefetch(w + r * ldw + i + prefetch_distance);
       typename simd::reg const wv = simd::load(w + r * ldw + i);
-      for (std::size_t t = 0; t < T; ++t) acc[r][t] = simd::fma(wv, xv[t], acc[r][t]);
+      for (std::size_t t = 0; t < T; ++t) acc[r * T + t] = simd::fma(wv, xv[t], acc[r * T + t]);
     }
   }
-  for (std::size_t r = 0; r < R; ++r) {
-    for (std::size_t t = 0; t < T; ++t) {
-      float s = simd::sum(acc[r][t]);
-      for (std::size_t j = i; j < k; ++j) s += w[r * ldw + j] * x[t * ldx + j];
-      float& out = y[t * ldy + r];
-      out = accumulate ? out + s : s;
-    }
+  constexpr std::size_t groups = (R * T + 3) / 4;
+  float sums[4 * groups];
+  for (std::size_t g = 0; g < groups; ++g) {
+    auto const at = [&](std::size_t i) { return i < R * T ? acc[i] : simd::zero(); };
+    simd::sum4(at(4 * g), at(4 * g + 1), at(4 * g + 2), at(4 * g + 3), sums + 4 * g);
   }
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t t = 0; t < T; ++t) part[r * ldp + t] += sums[r * T + t];
 }
 
-//! One tile row (R weight rows) against tokens [0, n). The first token tile prefetches the rows
-//! ahead; the later ones find them in cache.
+//! R weight rows against tokens [0, n), n <= token_block: y[t, r] (+)= dot(w[r, :k], x[t, :k]).
+//! For each block of k_block floats, every token tile passes over the rows' block (the first one
+//! prefetching ahead, the others finding it in L1). The summation order of a dot product depends
+//! only on k, so a token's results never depend on the rest of the batch.
 template <std::size_t R>
 inline void row_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
                      std::size_t n, std::size_t k, float* y, std::size_t ldy,
                      bool accumulate) noexcept {
-  if (n < tile_tokens) {
+  float part[R * token_block];
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t t = 0; t < n; ++t) part[r * token_block + t] = 0.0f;
+  std::size_t const kv = k - k % simd::width;
+  for (std::size_t k0 = 0; k0 < kv; k0 += k_block) {
+    std::size_t const k1 = kv - k0 < k_block ? kv : k0 + k_block;
+    std::size_t t = 0;
+    if (n >= tile_tokens) {
+      block_tile<R, tile_tokens, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+      t = tile_tokens;
+    } else {
+      if constexpr (tile_tokens > 3) {
+        if (n == 3) block_tile<R, 3, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+      }
+      if constexpr (tile_tokens > 2) {
+        if (n == 2) block_tile<R, 2, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+      }
+      if (n == 1) block_tile<R, 1, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+      continue;
+    }
+    for (; t + tile_tokens <= n; t += tile_tokens)
+      block_tile<R, tile_tokens, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
+    std::size_t const rest = n - t;
     if constexpr (tile_tokens > 3) {
-      if (n == 3) return dot_tile<R, 3, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
+      if (rest == 3)
+        block_tile<R, 3, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
     }
     if constexpr (tile_tokens > 2) {
-      if (n == 2) return dot_tile<R, 2, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
+      if (rest == 2)
+        block_tile<R, 2, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
     }
-    if (n == 1) dot_tile<R, 1, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
-    return;
+    if (rest == 1) block_tile<R, 1, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
   }
-  dot_tile<R, tile_tokens, true>(w, ldw, x, ldx, k, y, ldy, accumulate);
-  std::size_t t = tile_tokens;
-  for (; t + tile_tokens <= n; t += tile_tokens)
-    dot_tile<R, tile_tokens>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy, accumulate);
-  std::size_t const rest = n - t;
-  if constexpr (tile_tokens > 3) {
-    if (rest == 3) dot_tile<R, 3>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy, accumulate);
+  for (std::size_t r = 0; r < R; ++r) {
+    for (std::size_t t = 0; t < n; ++t) {
+      float s = part[r * token_block + t];
+      for (std::size_t j = kv; j < k; ++j) s += w[r * ldw + j] * x[t * ldx + j];
+      float& out = y[t * ldy + r];
+      out = accumulate ? out + s : s;
+    }
   }
-  if constexpr (tile_tokens > 2) {
-    if (rest == 2) dot_tile<R, 2>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy, accumulate);
-  }
-  if (rest == 1) dot_tile<R, 1>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy, accumulate);
 }
 
 //! y[t, r] (+)= sum_j w[r, j] x[t, j] for weight rows r in [r0, r1) and tokens t in [0, n):
@@ -284,28 +318,28 @@ struct vec {
 #endif
 
 //! s[j] = scale * dot(q[:hs], k[j * ldk : j * ldk + hs]) for j in [0, n): a query against n key
-//! rows (rows ldk floats apart).
+//! rows (rows ldk floats apart). Every row is computed the same way, whatever its index and n.
 inline void attention_scores(float const* q, float const* k, std::size_t ldk, std::size_t n,
                              std::size_t hs, float scale, float* s) noexcept {
-  std::size_t j = 0;
 #if defined(__SSE2__)
   if (hs % vec::width == 0) {
-    for (; j + 4 <= n; j += 4) {
+    for (std::size_t j = 0; j < n; j += 4) {
+      std::size_t const rows = n - j < 4 ? n - j : 4;
       float const* const k0 = k + j * ldk;
-      vec::reg a0 = vec::zero(), a1 = vec::zero(), a2 = vec::zero(), a3 = vec::zero();
+      vec::reg a[4] = {vec::zero(), vec::zero(), vec::zero(), vec::zero()};
       for (std::size_t d = 0; d < hs; d += vec::width) {
         vec::reg const qv = vec::load(q + d);
-        a0 = vec::fma(qv, vec::load(k0 + d), a0);
-        a1 = vec::fma(qv, vec::load(k0 + ldk + d), a1);
-        a2 = vec::fma(qv, vec::load(k0 + 2 * ldk + d), a2);
-        a3 = vec::fma(qv, vec::load(k0 + 3 * ldk + d), a3);
+        for (std::size_t r = 0; r < rows; ++r)
+          a[r] = vec::fma(qv, vec::load(k0 + r * ldk + d), a[r]);
       }
-      vec::sum4(a0, a1, a2, a3, s + j);
-      for (std::size_t i = 0; i < 4; ++i) s[j + i] *= scale;
+      float out[4];
+      vec::sum4(a[0], a[1], a[2], a[3], out);
+      for (std::size_t r = 0; r < rows; ++r) s[j + r] = out[r] * scale;
     }
+    return;
   }
 #endif
-  for (; j < n; ++j) {
+  for (std::size_t j = 0; j < n; ++j) {
     float const* const kj = k + j * ldk;
     float dot = 0.0f;
     for (std::size_t d = 0; d < hs; ++d) dot += q[d] * kj[d];
@@ -313,10 +347,11 @@ inline void attention_scores(float const* q, float const* k, std::size_t ldk, st
   }
 }
 
-//! Replaces s[0..n) by exp(s[j] - max s) (entries of -inf become 0) and returns their sum.
-inline float softmax_numerators(float* s, std::size_t n) noexcept {
-  std::size_t j = 0;
+//! Replaces s[0..n) by exp(s[j] - max s); entries of -inf become 0. Elementwise identical
+//! whatever n.
+inline void softmax_exp(float* s, std::size_t n) noexcept {
   float max = -std::numeric_limits<float>::infinity();
+  std::size_t j = 0;
 #if defined(__SSE2__)
   if (n >= vec::width) {
     vec::reg m = vec::load(s);
@@ -325,29 +360,46 @@ inline float softmax_numerators(float* s, std::size_t n) noexcept {
   }
 #endif
   for (; j < n; ++j) max = s[j] > max ? s[j] : max;
-  float sum = 0.0f;
-  j = 0;
 #if defined(__SSE2__)
   vec::reg const mv = vec::set1(max);
-  vec::reg acc = vec::zero();
-  for (; j + vec::width <= n; j += vec::width) {
-    vec::reg const e = vec::exp(vec::sub(vec::load(s + j), mv));
-    vec::store(s + j, e);
-    acc = vec::add(acc, e);
+  for (j = 0; j + vec::width <= n; j += vec::width)
+    vec::store(s + j, vec::exp(vec::sub(vec::load(s + j), mv)));
+  if (j < n) {  // the tail through the same vector code
+    float pad[vec::width];
+    for (std::size_t i = 0; i < vec::width; ++i) pad[i] = j + i < n ? s[j + i] : max;
+    vec::store(pad, vec::exp(vec::sub(vec::load(pad), mv)));
+    for (std::size_t i = 0; j + i < n; ++i) s[j + i] = pad[i];
   }
-  sum = vec::sum(acc);
+#else
+  for (j = 0; j < n; ++j)
+    s[j] = s[j] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(s[j] - max);
 #endif
-  for (; j < n; ++j) {
-    float const e = s[j] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(s[j] - max);
-    s[j] = e;
-    sum += e;
-  }
-  return sum;
 }
 
-//! out[:hs] = scale * sum_j p[j] * v[j * ldv : j * ldv + hs] for j in [0, n).
+//! The sum of s[0..n), accumulated in lanes by index (lane = j mod width) and then reduced with a
+//! fixed tree: appending zeros to s does not change the result.
+inline float lane_sum(float const* s, std::size_t n) noexcept {
+#if defined(__SSE2__)
+  vec::reg acc = vec::zero();
+  std::size_t j = 0;
+  for (; j + vec::width <= n; j += vec::width) acc = vec::add(acc, vec::load(s + j));
+  if (j < n) {
+    float pad[vec::width];
+    for (std::size_t i = 0; i < vec::width; ++i) pad[i] = j + i < n ? s[j + i] : 0.0f;
+    acc = vec::add(acc, vec::load(pad));
+  }
+  return vec::sum(acc);
+#else
+  float sum = 0.0f;
+  for (std::size_t j = 0; j < n; ++j) sum += s[j];
+  return sum;
+#endif
+}
+
+//! out[:hs] = sum_j p[j] * v[j * ldv : j * ldv + hs] for j in [0, n), accumulated in order of j
+//! (so rows with p[j] = 0 change nothing).
 inline void attention_values(float const* p, float const* v, std::size_t ldv, std::size_t n,
-                             std::size_t hs, float scale, float* out) noexcept {
+                             std::size_t hs, float* out) noexcept {
 #if defined(__SSE2__)
   if (hs % vec::width == 0) {
     constexpr std::size_t block = 8;  // accumulators
@@ -361,9 +413,7 @@ inline void attention_values(float const* p, float const* v, std::size_t ldv, st
         for (std::size_t c = 0; c < chunks; ++c)
           acc[c] = vec::fma(pj, vec::load(vj + c * vec::width), acc[c]);
       }
-      vec::reg const sv = vec::set1(scale);
-      for (std::size_t c = 0; c < chunks; ++c)
-        vec::store(out + d0 + c * vec::width, vec::mul(acc[c], sv));
+      for (std::size_t c = 0; c < chunks; ++c) vec::store(out + d0 + c * vec::width, acc[c]);
     }
     return;
   }
@@ -374,7 +424,6 @@ inline void attention_values(float const* p, float const* v, std::size_t ldv, st
     float const* const vj = v + j * ldv;
     for (std::size_t d = 0; d < hs; ++d) out[d] += pj * vj[d];
   }
-  for (std::size_t d = 0; d < hs; ++d) out[d] *= scale;
 }
 
 //! out[:n] = x[:n] / sqrt(mean(x^2) + eps) * weight[:n].

@@ -359,15 +359,27 @@ class cpu_llama {
     std::size_t const kv_off = (h / (n_heads_ / n_kv_heads_)) * head_size_;
     std::size_t const end = past + visible_end_[t];  // rows [0, end) may be visible
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
+    float* const out = att_.data() + t * dim_ + h * head_size_;
     k::attention_scores(q_.data() + t * dim_ + h * head_size_, kc + kv_off, kv_dim_, end,
                         head_size_, scale, scores);
-    if (!req.mask.empty() || visible_end_[t] != t + 1) {
+    bool const masked = !req.mask.empty() || visible_end_[t] != t + 1;
+    if (masked) {
       for (std::size_t j = past; j < end; ++j)
         if (!req.visible(t, j - past)) scores[j] = -std::numeric_limits<float>::infinity();
     }
-    float const sum = k::softmax_numerators(scores, end);
-    k::attention_values(scores, vc + kv_off, kv_dim_, end, head_size_, 1.0f / sum,
-                        att_.data() + t * dim_ + h * head_size_);
+    k::softmax_exp(scores, end);
+    k::attention_values(scores, vc + kv_off, kv_dim_, end, head_size_, out);
+    // The denominator over the visible entries packed together, so that it is summed exactly as
+    // when the same tokens sit at consecutive positions (a token's logits do not depend on the
+    // batch it is scored in).
+    std::size_t count = end;
+    if (masked) {
+      count = past;
+      for (std::size_t j = past; j < end; ++j)
+        if (req.visible(t, j - past)) scores[count++] = scores[j];
+    }
+    float const inv = 1.0f / k::lane_sum(scores, count);
+    for (std::size_t d = 0; d < head_size_; ++d) out[d] *= inv;
   }
 
   std::shared_ptr<llama_weights const> weights_;
