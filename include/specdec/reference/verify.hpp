@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "specdec/core/concepts.hpp"
@@ -28,6 +29,8 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
+#include "specdec/reference/sampling.hpp"
+#include "specdec/sampling/policy.hpp"
 
 namespace specdec::reference {
 
@@ -65,6 +68,61 @@ template <sampling_policy Policy>
     h.insert(h.end(), path.rbegin(), path.rend());
     policy.distribution(logits.row(i), h, probs);
     out[i].assign(probs.begin(), probs.end());
+  }
+  return out;
+}
+
+//! The reference sampling path as a `sampling_policy`: every call goes through
+//! reference/sampling.hpp (double precision, full sorts). With it the reference verifiers are
+//! reference end to end (the benchmarks' yardstick); the tests mostly pass the fast policy instead
+//! so that both sides see bit-identical distributions.
+class policy {
+ public:
+  //! Validates `params`.
+  explicit policy(sampling_params params) : params_(std::move(params)) { params_.validate(); }
+
+  //! `reference_distribution`, rounded to float.
+  void distribution(std::span<float const> logits, std::span<token_id const> history,
+                    std::span<float> probs) const {
+    std::vector<double> const d = reference_distribution(params_, logits, history);
+    SPECDEC_CHECK(probs.size() == d.size(), invalid_argument, "reference::policy: ", probs.size(),
+                  " probabilities for ", d.size(), " logits");
+    for (std::size_t i = 0; i < d.size(); ++i) probs[i] = static_cast<float>(d[i]);
+  }
+  //! `reference_sample` with one word of `rng`.
+  [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
+    std::vector<double> const d(probs.begin(), probs.end());
+    return reference_sample(d, static_cast<double>(rng.uniform()));
+  }
+  //! Temperature 0.
+  [[nodiscard]] bool is_greedy() const noexcept { return params_.temperature == 0.0f; }
+  //! `reference_greedy_token`.
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits,
+                                      std::span<token_id const> history) const {
+    return reference_greedy_token(params_, logits, history);
+  }
+  //! The parameters.
+  [[nodiscard]] sampling_params const& params() const noexcept { return params_; }
+
+ private:
+  sampling_params params_;
+};
+
+//! `reference_distribution` of every node, in double, without rounding to float.
+[[nodiscard]] inline distribution_rows target_distributions(draft_tree const& tree,
+                                                            matrix_view<float const> logits,
+                                                            policy const& ref_policy,
+                                                            std::span<token_id const> history) {
+  SPECDEC_CHECK(logits.rows() == tree.size(), invalid_argument, "reference: ", logits.rows(),
+                " logits rows for a tree of ", tree.size(), " nodes");
+  distribution_rows out(tree.size());
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    std::vector<token_id> path;
+    for (auto a = static_cast<node_index>(i); a > 0; a = tree.parent(a))
+      path.push_back(tree.token(a));
+    std::vector<token_id> h(history.begin(), history.end());
+    h.insert(h.end(), path.rbegin(), path.rend());
+    out[i] = reference_distribution(ref_policy.params(), logits.row(i), h);
   }
   return out;
 }

@@ -34,16 +34,30 @@ namespace specdec::detail {
 //! Returned by the draws when no index has positive weight.
 inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 
-//! Sum of w(0) .. w(n - 1) in double with eight independent accumulators (vectorises).
+//! Entries per block of the row reductions: a block is summed in float over 16 lanes, blocks are
+//! accumulated in double. Fixed-size blocks vectorise; float sums of 64 probabilities lose nothing
+//! that matters to a draw.
+inline constexpr std::size_t reduce_block = 64;
+
+//! Sum of w(base) .. w(base + 63): 16 float lanes combined in a fixed order.
+template <class W>
+[[nodiscard]] inline float block_sum(std::size_t base, W const& w) noexcept {
+  float acc[16] = {};
+  for (std::size_t i = 0; i < reduce_block; i += 16)
+    for (std::size_t l = 0; l < 16; ++l) acc[l] += w(base + i + l);
+  for (std::size_t width = 8; width > 0; width /= 2)
+    for (std::size_t l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
+}
+
+//! Sum of w(0) .. w(n - 1): blocks of `reduce_block` in float, accumulated in double.
 template <class W>
 [[nodiscard]] inline double weight_sum(std::size_t n, W const& w) noexcept {
-  double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  double total = 0.0;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (std::size_t l = 0; l < 8; ++l) acc[l] += static_cast<double>(w(i + l));
-  double tail = 0.0;
-  for (; i < n; ++i) tail += static_cast<double>(w(i));
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+  for (; i + reduce_block <= n; i += reduce_block) total += static_cast<double>(block_sum(i, w));
+  for (; i < n; ++i) total += static_cast<double>(w(i));
+  return total;
 }
 
 //! The inverse-CDF scan: the first index i, not in `excluded` (ascending, unique), with
@@ -52,13 +66,13 @@ template <class W>
 template <class W>
 [[nodiscard]] inline std::size_t scan_weights(std::size_t n, double total, float u, W const& w,
                                               std::span<token_id const> excluded = {}) noexcept {
-  constexpr std::size_t block = 64;
+  constexpr std::size_t block = reduce_block;
   double const target = static_cast<double>(u) * total;
   double cum = 0.0;
   std::size_t i = 0;
   std::size_t e = 0;  // first excluded index >= i
   for (; i + block <= n; i += block) {
-    double b = weight_sum(block, [&](std::size_t j) { return w(i + j); });
+    double b = static_cast<double>(block_sum(i, w));
     std::size_t e_end = e;
     while (e_end < excluded.size() && static_cast<std::size_t>(excluded[e_end]) < i + block) {
       float const x = w(static_cast<std::size_t>(excluded[e_end]));
@@ -103,7 +117,8 @@ inline void check_probability(float v, char const* who, char const* what, node_i
 //! the row has NaN/Inf entries or no mass.
 [[nodiscard]] inline token_id draw_from(std::span<float const> p, float u, char const* who,
                                         node_index node) {
-  auto const w = [p](std::size_t j) { return p[j]; };
+  float const* const data = p.data();
+  auto const w = [data](std::size_t j) { return data[j]; };
   double const total = weight_sum(p.size(), w);
   SPECDEC_CHECK(std::isfinite(total) && total > 0.0, numerical, who,
                 ": the target distribution at node ", node, " sums to ", total,
@@ -119,7 +134,8 @@ inline void check_probability(float v, char const* who, char const* what, node_i
 [[nodiscard]] inline token_id draw_excluding(std::span<float const> p,
                                              std::span<token_id const> excluded, float u,
                                              char const* who, node_index node) {
-  auto const w = [p](std::size_t j) { return p[j]; };
+  float const* const data = p.data();
+  auto const w = [data](std::size_t j) { return data[j]; };
   double total = weight_sum(p.size(), w);
   SPECDEC_CHECK(std::isfinite(total), numerical, who, ": the target distribution at node ", node,
                 " sums to ", total, " (NaN/Inf entries)");
@@ -137,30 +153,25 @@ inline void check_probability(float v, char const* who, char const* what, node_i
   return d < 0.0f ? 0.0f : d;
 }
 
-//! Sum of max(p - q, 0) in double. Throws `errc::numerical` when p or q hold NaN/Inf.
+//! Sum of max(p - q, 0) in double. Throws `errc::numerical` when p or q hold NaN/Inf (a second
+//! sum, of p - q itself, catches what the clamp would hide).
 [[nodiscard]] inline double residual_total(std::span<float const> p, std::span<float const> q,
                                            char const* who, node_index node) {
-  double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-  double raw[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  float const* pp = p.data();
+  float const* qq = q.data();
+  auto const w = [pp, qq](std::size_t j) { return residual_weight(pp[j], qq[j]); };
+  auto const d = [pp, qq](std::size_t j) { return pp[j] - qq[j]; };
   std::size_t const n = p.size();
+  double total = 0.0, diff = 0.0;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (std::size_t l = 0; l < 8; ++l) {
-      float const d = p[i + l] - q[i + l];
-      acc[l] += static_cast<double>(d < 0.0f ? 0.0f : d);
-      raw[l] += static_cast<double>(d);
-    }
+  for (; i + reduce_block <= n; i += reduce_block) {
+    total += static_cast<double>(block_sum(i, w));
+    diff += static_cast<double>(block_sum(i, d));
   }
-  double tail = 0.0, tail_raw = 0.0;
   for (; i < n; ++i) {
-    float const d = p[i] - q[i];
-    tail += static_cast<double>(d < 0.0f ? 0.0f : d);
-    tail_raw += static_cast<double>(d);
+    total += static_cast<double>(w(i));
+    diff += static_cast<double>(d(i));
   }
-  double const total =
-      ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
-  double const diff =
-      ((raw[0] + raw[1]) + (raw[2] + raw[3])) + ((raw[4] + raw[5]) + (raw[6] + raw[7])) + tail_raw;
   SPECDEC_CHECK(std::isfinite(total) && std::isfinite(diff), numerical, who,
                 ": the target or draft distribution at node ", node, " has NaN/Inf entries");
   return total;
@@ -172,7 +183,9 @@ inline void check_probability(float v, char const* who, char const* what, node_i
                                             float u, char const* who, node_index node) {
   double const total = residual_total(p, q, who, node);
   if (total > 0.0) {
-    auto const w = [p, q](std::size_t j) { return residual_weight(p[j], q[j]); };
+    float const* const pp = p.data();
+    float const* const qq = q.data();
+    auto const w = [pp, qq](std::size_t j) { return residual_weight(pp[j], qq[j]); };
     std::size_t const i = scan_weights(p.size(), total, u, w);
     if (i != no_index) return static_cast<token_id>(i);
   }
