@@ -22,15 +22,38 @@ std::atomic<bool> counting{false};
 std::atomic<long> allocations{0};
 }  // namespace
 
+// Every non-aligned form is replaced, so that each allocation and its release pair up.
 void* operator new(std::size_t n) {
   if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  return operator new(n);
+}
+void* operator new(std::size_t n, std::nothrow_t const&) noexcept {
+  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, std::nothrow_t const& tag) noexcept {
+  return operator new(n, tag);
+}
 void operator delete(void* p) noexcept {
   std::free(p);
 }
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
 void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::nothrow_t const&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::nothrow_t const&) noexcept {
   std::free(p);
 }
 

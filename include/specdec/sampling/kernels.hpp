@@ -336,27 +336,41 @@ inline void threshold_stats(float const* x, std::size_t n, float const (&th)[K],
                                               float* vals, std::int32_t* ids,
                                               std::size_t capacity) noexcept {
   std::size_t found = 0;
-  auto const take = [&](std::size_t i) {
+  vfloat const vlo = splat(lo), vhi = splat(hi);
+  std::size_t const full = n - n % row_lanes;
+  for (std::size_t i = 0; i < full; i += row_lanes) {
+    vint in[row_vectors];
+    vint hit = vint{};
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      vfloat const a = load(x + i + v * simd_width);
+      in[v] = (a >= vlo) & (a < vhi);
+      hit |= in[v];
+    }
+    if (!any(hit)) continue;
+    // Visit the set lanes only (branchy per group, not per entry).
+    std::int32_t lanes[row_lanes];
+    __builtin_memcpy(lanes, in, sizeof lanes);
+    std::uint32_t bits = 0;
+    for (std::size_t j = 0; j < row_lanes; ++j)
+      bits |= static_cast<std::uint32_t>(lanes[j] & 1) << j;
+    while (bits != 0) {
+      auto const j = static_cast<std::size_t>(std::countr_zero(bits));
+      bits &= bits - 1;
+      if (found < capacity) {
+        vals[found] = x[i + j];
+        ids[found] = static_cast<std::int32_t>(i + j);
+      }
+      ++found;
+    }
+  }
+  for (std::size_t i = full; i < n; ++i) {
+    if (!(x[i] >= lo && x[i] < hi)) continue;
     if (found < capacity) {
       vals[found] = x[i];
       ids[found] = static_cast<std::int32_t>(i);
     }
     ++found;
-  };
-  vfloat const vlo = splat(lo), vhi = splat(hi);
-  std::size_t const full = n - n % row_lanes;
-  for (std::size_t i = 0; i < full; i += row_lanes) {
-    vint hit = vint{};
-    for (std::size_t v = 0; v < row_vectors; ++v) {
-      vfloat const a = load(x + i + v * simd_width);
-      hit |= (a >= vlo) & (a < vhi);
-    }
-    if (!any(hit)) continue;
-    for (std::size_t j = i; j < i + row_lanes; ++j)
-      if (x[j] >= lo && x[j] < hi) take(j);
   }
-  for (std::size_t i = full; i < n; ++i)
-    if (x[i] >= lo && x[i] < hi) take(i);
   return found;
 }
 

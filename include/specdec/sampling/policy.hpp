@@ -205,16 +205,10 @@ class sampler {
       detail::top_p_result const tp =
           detail::select_top_p(e, vocab, sums.total, static_cast<double>(params_.top_p), scratch);
       if (tp.complete) {
-        // Every kept entry is listed, in order: apply min-p to the list and write it.
+        // Every kept entry is listed: apply min-p to the list and write it.
         std::size_t kept = tp.kept;
-        double mass = tp.kept_mass;
-        if (min_p) {
-          while (kept > 1 && scratch.list[kept - 1].value < min_p_floor) {
-            --kept;
-            mass -= static_cast<double>(scratch.list[kept].value);
-          }
-        }
-        write_list(scratch.list.data(), kept, mass, probs);
+        if (min_p) kept = keep_at_least(scratch.list.data(), kept, min_p_floor);
+        write_list(scratch.list.data(), kept, probs);
         return;
       }
       if (!(min_p && min_p_floor > tp.t)) {
@@ -310,8 +304,8 @@ class sampler {
   }
 
   //! Finishes a row whose top-k set is small: `scratch.list[0..k)` holds the kept (logit, id)
-  //! pairs, logit descending then id ascending. Applies temperature, top-p and min-p to the list
-  //! and writes the row (zeros elsewhere).
+  //! pairs. Applies temperature, top-p and min-p to the list and writes the row (zeros
+  //! elsewhere).
   void finish_sparse(detail::select_scratch& scratch, std::size_t k, float zmax,
                      std::span<float> probs) const {
     detail::scored* list = scratch.list.data();
@@ -321,38 +315,29 @@ class sampler {
       total += static_cast<double>(list[i].value);
     }
     std::size_t kept = k;
-    double mass = total;
     if (params_.top_p < 1.0f) {
-      double const target = static_cast<double>(params_.top_p) * total;
-      double c = 0.0;
-      std::size_t i = 0;
-      while (i < k) {
-        c += static_cast<double>(list[i].value);
-        ++i;
-        if (c >= target) break;
-      }
-      kept = i;
-      mass = c;
+      double mass = 0.0;
+      kept = detail::weighted_cut(list, k, static_cast<double>(params_.top_p) * total, mass);
     }
-    if (params_.min_p > 0.0f) {
-      while (kept > 1 && list[kept - 1].value < params_.min_p) {
-        --kept;
-        mass -= static_cast<double>(list[kept].value);
-      }
-    }
-    write_list(list, kept, mass, probs);
+    if (params_.min_p > 0.0f) kept = keep_at_least(list, kept, params_.min_p);
+    write_list(list, kept, probs);
   }
 
-  //! Writes list[0..kept) (unnormalised probabilities with ids) divided by `mass` into a zeroed
-  //! row.
-  static void write_list(detail::scored const* list, std::size_t kept, double mass,
-                         std::span<float> probs) {
-    // Recompute the mass from the kept values so that the row sums to 1 as closely as possible.
-    double m = 0.0;
-    for (std::size_t i = 0; i < kept; ++i) m += static_cast<double>(list[i].value);
-    if (!(m > 0.0)) m = mass;
+  //! Compacts list[0..count) to the entries with value >= floor (keeping at least the largest)
+  //! and returns how many remain.
+  static std::size_t keep_at_least(detail::scored* list, std::size_t count, float floor) {
+    std::size_t m = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      if (list[i].value >= floor) list[m++] = list[i];
+    return m;
+  }
+
+  //! Writes list[0..kept) (unnormalised probabilities with ids), normalised, into a zeroed row.
+  static void write_list(detail::scored const* list, std::size_t kept, std::span<float> probs) {
+    double mass = 0.0;
+    for (std::size_t i = 0; i < kept; ++i) mass += static_cast<double>(list[i].value);
     std::fill(probs.begin(), probs.end(), 0.0f);
-    auto const inv = static_cast<float>(1.0 / m);
+    auto const inv = static_cast<float>(1.0 / mass);
     for (std::size_t i = 0; i < kept; ++i)
       probs[static_cast<std::size_t>(list[i].id)] = list[i].value * inv;
   }

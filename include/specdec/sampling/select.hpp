@@ -25,12 +25,16 @@ namespace specdec::detail {
 
 //! Thresholds measured per pass.
 inline constexpr std::size_t select_thresholds = 8;
-//! Most entries gathered and sorted once the bracket is narrow enough.
-inline constexpr std::size_t select_gather_cap = 512;
-//! Rows up to this size skip the passes: every entry is gathered and sorted.
-inline constexpr std::size_t select_small_row = 512;
+//! Most entries gathered (and selected from in linear expected time) once the bracket is narrow
+//! enough.
+inline constexpr std::size_t select_gather_cap = 4096;
+//! Rows up to this size skip the passes: every entry is gathered.
+inline constexpr std::size_t select_small_row = 4096;
 //! Entries sampled (at a fixed stride) to place the first top-k thresholds.
 inline constexpr std::size_t select_sample = 512;
+//! Most entries sampled to place the first top-p thresholds on rows whose mass is spread out
+//! (one in 64 entries, at least `select_sample`).
+inline constexpr std::size_t select_sample_mass = 2048;
 
 //! Maps floats to unsigned integers with the same order (-inf lowest, +inf highest).
 [[nodiscard]] inline std::uint32_t float_order(float f) noexcept {
@@ -64,7 +68,7 @@ struct select_scratch {
       ids.resize(n);
       list.resize(n);
     }
-    if (sample.size() < select_sample) sample.resize(select_sample);
+    if (sample.size() < select_sample_mass) sample.resize(select_sample_mass);
   }
   //! Gathers lo <= x[i] < hi (at most `cap`, the caller knows there are no more) into `list`.
   std::size_t gather(float const* x, std::size_t n, float lo, float hi, std::size_t cap) {
@@ -245,11 +249,55 @@ template <bool Mass>
   return true;
 }
 
+//! Reorders list[0..count) so that list[0..pos) are the first `pos` entries in `before` order
+//! (value descending, id ascending; not sorted among themselves), where pos is the smallest
+//! number whose mass (sum of values, in double) reaches `need`, at least 1; all of them when the
+//! list falls short. Returns pos and sets `mass` to the mass of list[0..pos). Weighted
+//! quickselect: expected linear time. Ids must be distinct.
+[[nodiscard]] inline std::size_t weighted_cut(scored* list, std::size_t count, double need,
+                                              double& mass) {
+  std::size_t lo = 0, hi = count;  // list[0..lo) kept, with mass `acc`; the cut is in [lo, hi]
+  double acc = 0.0;
+  while (hi - lo > 24) {
+    scored const& a = list[lo];
+    scored const& b = list[lo + (hi - lo) / 2];
+    scored const& c = list[hi - 1];
+    scored const pivot = before(a, b) ? (before(b, c) ? b : (before(a, c) ? c : a))
+                                      : (before(a, c) ? a : (before(b, c) ? c : b));
+    scored* const mid =
+        std::partition(list + lo, list + hi, [&](scored const& x) { return before(x, pivot); });
+    auto const m = static_cast<std::size_t>(mid - list);
+    double head = 0.0;
+    for (std::size_t i = lo; i < m; ++i) head += static_cast<double>(list[i].value);
+    if (acc + head >= need) {
+      hi = m;  // the cut is among the entries before the pivot
+      continue;
+    }
+    std::iter_swap(mid,
+                   std::find_if(mid, list + hi, [&](scored const& x) { return x.id == pivot.id; }));
+    acc += head + static_cast<double>(pivot.value);
+    lo = m + 1;
+    if (acc >= need) {
+      mass = acc;
+      return lo;
+    }
+  }
+  std::sort(list + lo, list + hi, before);
+  for (std::size_t i = lo; i < hi; ++i) {
+    acc += static_cast<double>(list[i].value);
+    if (acc >= need) {
+      mass = acc;
+      return i + 1;
+    }
+  }
+  mass = acc;
+  return hi;
+}
+
 //! Result of a top-k selection.
 struct top_k_result {
-  //! true: `list[0..k)` holds the kept entries (logit, id) in order (logit descending, id
-  //! ascending); false: keep {z > t} plus the first `ties_kept` (by id) of the `ties_total`
-  //! entries equal to t.
+  //! true: `list[0..k)` holds the kept entries (logit, id), unordered; false: keep {z > t} plus the
+  //! first `ties_kept` (by id) of the `ties_total` entries equal to t.
   bool sparse = false;
   float t = 0.0f;
   std::size_t ties_kept = 0;
@@ -263,8 +311,9 @@ struct top_k_result {
   top_k_result r;
   auto const take_top = [&](std::size_t count) {
     auto const first = s.list.begin();
-    std::partial_sort(first, first + static_cast<std::ptrdiff_t>(k),
-                      first + static_cast<std::ptrdiff_t>(count), before);
+    if (k < count)
+      std::nth_element(first, first + static_cast<std::ptrdiff_t>(k - 1),
+                       first + static_cast<std::ptrdiff_t>(count), before);
     r.sparse = true;
   };
   if (n <= select_small_row) {
@@ -357,7 +406,7 @@ struct top_k_result {
 
 //! Result of a top-p selection.
 struct top_p_result {
-  //! true: `list[0..kept)` holds every kept entry (value, id) in order; false: keep {e > t} plus
+  //! true: `list[0..kept)` holds every kept entry (value, id), unordered; false: keep {e > t} plus
   //! the first `ties_kept` (by id) of the `ties_total` entries equal to t.
   bool complete = false;
   std::size_t kept = 0;
@@ -375,25 +424,23 @@ struct top_p_result {
   constexpr float inf = std::numeric_limits<float>::infinity();
   double const target = p * total;
   top_p_result r;
-  // Walks the sorted list[0..count) from mass `base` until the target is reached.
+  // Cuts list[0..count) (entries below the bracket top; those above hold mass `base`) where
+  // the mass reaches the target, and records the cut value and its ties.
   auto const walk = [&](std::size_t count, double base) {
-    auto const first = s.list.begin();
-    std::sort(first, first + static_cast<std::ptrdiff_t>(count), before);
-    double c = base;
-    std::size_t i = 0;
-    while (i < count) {
-      c += static_cast<double>(s.list[i].value);
-      ++i;
-      if (c >= target) break;
-    }
-    r.kept = i;
-    r.kept_mass = c;
-    r.t = s.list[i - 1].value;
+    double mass = 0.0;
+    std::size_t const kept = weighted_cut(s.list.data(), count, target - base, mass);
+    r.kept = kept;
+    r.kept_mass = base + mass;
+    // The cut value: the last kept entry in order (smallest value, then largest id).
+    scored last = s.list[0];
+    for (std::size_t j = 1; j < kept; ++j)
+      if (before(last, s.list[j])) last = s.list[j];
+    r.t = last.value;
     std::size_t kept_ties = 0, all_ties = 0;
     for (std::size_t j = 0; j < count; ++j) {
       bool const tie = s.list[j].value == r.t;
       all_ties += tie ? 1u : 0u;
-      kept_ties += tie && j < i ? 1u : 0u;
+      kept_ties += tie && j < kept ? 1u : 0u;
     }
     r.ties_kept = kept_ties;
     r.ties_total = all_ties;
@@ -413,25 +460,25 @@ struct top_p_result {
   std::size_t m = 0;
   s.reserve(select_gather_cap);
   double sampled = 0.0;
-  for (std::size_t j = 0; j < select_sample; ++j) {
-    s.sample[j] = e[j * n / select_sample];
+  std::size_t const ns = std::clamp<std::size_t>(n / 64, select_sample, select_sample_mass);
+  for (std::size_t j = 0; j < ns; ++j) {
+    s.sample[j] = e[j * n / ns];
     sampled += static_cast<double>(s.sample[j]);
   }
-  double const unexplained =
-      total - static_cast<double>(n) / static_cast<double>(select_sample) * sampled;
+  double const unexplained = total - static_cast<double>(n) / static_cast<double>(ns) * sampled;
   if (unexplained < 0.5 * total) {
-    std::sort(s.sample.begin(), s.sample.begin() + static_cast<std::ptrdiff_t>(select_sample),
+    std::sort(s.sample.begin(), s.sample.begin() + static_cast<std::ptrdiff_t>(ns),
               std::greater<float>());
     // Ratio estimate: the mass above a value is total times the sampled share above it.
     double const sample_target = p * sampled;
     double c = 0.0;
     std::size_t cut = 0;
-    while (cut + 1 < select_sample && c + static_cast<double>(s.sample[cut]) < sample_target)
+    while (cut + 1 < ns && c + static_cast<double>(s.sample[cut]) < sample_target)
       c += static_cast<double>(s.sample[cut++]);
-    long const offsets[K] = {24, 10, 4, 1, 0, -1, -4, -10};  // ascending values
-    for (long off : offsets) {
-      long const rank =
-          std::clamp(static_cast<long>(cut) + off, 0L, static_cast<long>(select_sample) - 1);
+    long const offsets[K] = {40, 16, 6, 2, -2, -6, -16, -40};  // ascending values, per 512
+    for (long off512 : offsets) {
+      long const off = off512 * static_cast<long>(ns) / static_cast<long>(select_sample);
+      long const rank = std::clamp(static_cast<long>(cut) + off, 0L, static_cast<long>(ns) - 1);
       float const v = s.sample[static_cast<std::size_t>(rank)];
       if (v > 0.0f && (m == 0 || v > th[m - 1])) th[m++] = v;
     }
