@@ -120,6 +120,6 @@ BENCHMARK(BM_tinyllama)
     ->ArgsProduct({{1, 5, 17}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
-    ->Iterations(10);
+    ->Iterations(5);
 
 BENCHMARK_MAIN();

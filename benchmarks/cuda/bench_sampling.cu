@@ -82,11 +82,13 @@ BENCHMARK(BM_sample)
     ->ArgNames({"rows", "vocab", "policy", "peaked"})
     ->ArgsProduct({{1, 16, 64}, {32000, 128256}, {0, 1, 2, 3}, {1, 0}})
     ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_softmax)
     ->ArgNames({"rows", "vocab"})
     ->ArgsProduct({{1, 16, 64}, {32000, 128256}})
     ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

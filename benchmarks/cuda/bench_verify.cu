@@ -191,16 +191,19 @@ BENCHMARK(BM_chain_verify)
     ->ArgNames({"batch", "k", "vocab", "probs"})
     ->ArgsProduct({{1, 16, 64}, {4, 8}, {32000, 128256}, {0, 1}})
     ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_greedy_verify)
     ->ArgNames({"batch", "k", "vocab"})
     ->ArgsProduct({{1, 16, 64}, {4}, {32000, 128256}})
     ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_tree_verify)
     ->ArgNames({"batch", "vocab", "q"})
     ->ArgsProduct({{1, 16}, {32000, 128256}, {0, 1}})
     ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

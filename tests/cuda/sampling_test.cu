@@ -193,6 +193,8 @@ TEST_CASE("cuda distribution equals sampler::distribution for every policy step"
             continue;
           }
           // Only top-p's mass threshold involves rounding; it must be the cause.
+          INFO("policy: T " << sp.temperature << ", top_k " << sp.top_k << ", top_p " << sp.top_p
+                            << ", min_p " << sp.min_p << "; vocab " << vocab << ", row " << r);
           REQUIRE(sp.top_p < 1.0f);
           specdec::sampling_params no_p = sp;
           no_p.top_p = 1.0f;

@@ -365,9 +365,10 @@ __device__ __forceinline__ T block_inclusive_scan(T v, T* scratch, T& total) noe
   return x + before;
 }
 
-//! Maps a float to an unsigned key with the same order (for radix selection); -0 and +0 differ.
+//! Maps a float to an unsigned key with the same order (for radix selection); -0 maps to +0's
+//! key, so that keys are equal exactly when the floats compare equal.
 __device__ __forceinline__ std::uint32_t float_key(float f) noexcept {
-  std::uint32_t const u = __float_as_uint(f);
+  std::uint32_t const u = __float_as_uint(f == 0.0f ? 0.0f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 //! The inverse of float_key.

@@ -786,14 +786,21 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
     if (threadIdx.x == 0) p.scratch.counters[b] = 0;
   }
 
-  // Totals (every thread reads the same partials in the same order).
-  double total_w = 0.0, total_p = 0.0;
-  bool bad = false;
-  for (std::int32_t cc = 0; cc < chunks; ++cc) {
-    total_w += __ldcg(parts + cc * 3 + 0);
-    total_p += __ldcg(parts + cc * 3 + 1);
-    bad = bad || __ldcg(parts + cc * 3 + 2) != 0.0;
+  // Totals: a block reduction over the chunk partials (fixed order: the same in every block).
+  double total_w = 0.0, total_p = 0.0, bad_count = 0.0;
+  {
+    __shared__ double tscratch[32];
+    for (std::int32_t cc = static_cast<std::int32_t>(threadIdx.x); cc < chunks;
+         cc += static_cast<std::int32_t>(blockDim.x)) {
+      total_w += __ldcg(parts + cc * 3 + 0);
+      total_p += __ldcg(parts + cc * 3 + 1);
+      bad_count += __ldcg(parts + cc * 3 + 2);
+    }
+    total_w = block_sum(total_w, tscratch);
+    total_p = block_sum(total_p, tscratch);
+    bad_count = block_sum(bad_count, tscratch);
   }
+  bool const bad = bad_count != 0.0;
   std::int32_t token = -1;
   std::int32_t f = 0;
   auto const draw_p = [&]() -> std::int32_t {

@@ -268,6 +268,7 @@ __device__ std::uint32_t radix_select(std::int32_t vocab, Key const& key, MassOf
   __shared__ std::int32_t s_digit;
   __shared__ double s_above;
   __shared__ std::int64_t s_before;
+  __shared__ double stage[dist_threads / 32][32];
   std::int32_t const tid = static_cast<std::int32_t>(threadIdx.x);
   std::uint32_t prefix = 0, mask = 0;
   above = 0.0;
@@ -279,13 +280,38 @@ __device__ std::uint32_t radix_select(std::int32_t vocab, Key const& key, MassOf
     }
     if (tid == 0) s_digit = -1;
     __syncthreads();
-    for (std::int32_t i = tid; i < vocab; i += dist_threads) {
+    // Warp-aggregated histogram: lanes with the same digit combine before one atomic per digit
+    // and warp (rows concentrate in few digits, where plain atomics would serialise).
+    std::int32_t const lane = tid & 31, warp = tid >> 5;
+    for (std::int32_t base = 0; base < vocab; base += dist_threads) {
+      std::int32_t const i = base + tid;
       bool take = false;
-      std::uint32_t const k = key(i, take);
-      if (!take || (k & mask) != prefix) continue;
-      std::uint32_t const d = (k >> shift) & 255u;
-      atomicAdd(&hist[d], 1);
-      if (Mass) atomicAdd(&hmass[d], static_cast<double>(mass(i)));
+      std::uint32_t k = 0;
+      if (i < vocab) k = key(i, take);
+      take = take && (k & mask) == prefix;
+      std::int32_t const digit = take ? static_cast<std::int32_t>((k >> shift) & 255u) : 256;
+      double ms = (Mass && take) ? static_cast<double>(mass(i)) : 0.0;
+      unsigned const peers = __match_any_sync(0xffffffffu, digit);
+      std::int32_t const leader = __ffs(static_cast<int>(peers)) - 1;
+      if (Mass) {
+        if (__all_sync(0xffffffffu, peers == 0xffffffffu)) {
+          ms = warp_sum(ms);
+        } else {
+          stage[warp][lane] = ms;
+          __syncwarp();
+          if (lane == leader) {
+            double sum = 0.0;
+            for (unsigned m = peers; m != 0u; m &= m - 1u)
+              sum += stage[warp][__ffs(static_cast<int>(m)) - 1];
+            ms = sum;
+          }
+          __syncwarp();
+        }
+      }
+      if (lane == leader && digit < 256) {
+        atomicAdd(&hist[digit], __popc(peers));
+        if (Mass) atomicAdd(&hmass[digit], ms);
+      }
     }
     __syncthreads();
     // Thread t looks at digit 255 - t: inclusive scans give counts / masses of digits >= it.
