@@ -183,9 +183,11 @@ TEST_CASE("sampler::sample over 100,000 Philox draws matches the distribution (c
   truncated.top_k = 60;
   truncated.top_p = 0.95f;
   truncated.min_p = 0.001f;
-  for (auto const& [name, params] :
+  for (auto const& cfg :
        {config{"temperature 2", plain}, config{"top-k 60, top-p 0.95, min-p 0.001", truncated}}) {
-    INFO(std::string(name));
+    std::string const name = cfg.name;
+    sd::sampling_params const& params = cfg.params;
+    INFO(name);
     sd::sampler const s(params);
     std::vector<float> probs(logits.size());
     s.distribution(logits, {}, probs);
@@ -195,7 +197,8 @@ TEST_CASE("sampler::sample over 100,000 Philox draws matches the distribution (c
     for (std::int64_t d = 0; d < draws; ++d)
       ++counts[static_cast<std::size_t>(s.sample(probs, rng))];
     CHECK(rng.offset() == static_cast<std::uint64_t>(draws));  // one word per draw
-    auto const [stat, df] = chi_square(counts, probs, draws);
+    auto const result = chi_square(counts, probs, draws);
+    double const stat = result.first, df = result.second;
     INFO("chi-square ", stat, " with ", df, " degrees of freedom");
     CHECK(df >= 10);
     CHECK(stat < chi_square_quantile(df, 3.719));

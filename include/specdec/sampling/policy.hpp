@@ -94,6 +94,9 @@ inline void check_row_shapes(std::span<float const> logits, std::span<float> pro
   SPECDEC_CHECK(logits.size() == probs.size(), invalid_argument, who, ": ", logits.size(),
                 " logits but ", probs.size(), " probabilities");
   SPECDEC_CHECK(!logits.empty(), invalid_argument, who, ": empty logits row");
+  SPECDEC_CHECK(logits.size() <= static_cast<std::size_t>(std::numeric_limits<token_id>::max()),
+                invalid_argument, who, ": a row of ", logits.size(),
+                " logits has more entries than token ids");
   SPECDEC_CHECK(!partially_overlap(logits.data(), logits.size(), probs.data(), probs.size()),
                 invalid_argument, who, ": logits and probs partially overlap");
 }
