@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "decode/stand_ins.hpp"
 #include "decode/toy_model.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
@@ -13,6 +12,7 @@
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/sampling/policy.hpp"
+#include "specdec/verify/greedy.hpp"
 
 namespace sd = specdec;
 
@@ -102,14 +102,14 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
 
     SUBCASE("no drafts") {
       null_proposer p;
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
       CHECK(r.stats.steps == 90);
     }
     SUBCASE("prompt lookup, chains") {
       sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 5});
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
       CHECK(r.stats.accepted > 0);
@@ -117,14 +117,14 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
     }
     SUBCASE("prompt lookup, trees") {
       sd::prompt_lookup_proposer p({.n_max = 2, .n_min = 1, .k = 4, .max_branches = 3});
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
     }
     SUBCASE("draft model") {
       toy::toy_lm draft(vocab, context, 7, 6.0f, 0.8f);
       sd::draft_model_proposer p(draft, target, sd::greedy{}, {.k = 4});
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
       CHECK(r.stats.accepted > 0);
@@ -135,21 +135,21 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
       sd::draft_model_proposer p(
           draft, target, sd::greedy{},
           {.k = 3, .adaptive = true, .k_min = 1, .k_max = 7, .confidence_threshold = 0.2f});
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
     }
     SUBCASE("layer skip") {
       sd::layer_skip_proposer<toy::toy_lm, sd::greedy> p({.skip_layers = {2}}, sd::greedy{}, vocab,
                                                          context);
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
       CHECK(r.stats.accepted > 0);
     }
     SUBCASE("trees that need keep_path, with target hidden rows") {
       hidden_reading_proposer p;
-      sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+      sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       std::size_t const keeps_before = target.cache().keep_path_calls;
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
@@ -171,7 +171,7 @@ TEST_CASE("a tree step commits the accepted branch with keep_path") {
   auto const reference = ar.generate(prompt);
 
   oracle_proposer p{.truth = reference.tokens};
-  sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+  sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
   std::size_t const keeps = target.cache().keep_path_calls;
   auto const r = dec.generate(prompt);
   CHECK(r.tokens == reference.tokens);
@@ -194,7 +194,7 @@ TEST_CASE("stops: EOS, stop sequences, stop strings, max tokens, context, callba
     auto const a = ar.generate(prompt);
     expect(a);
     sd::prompt_lookup_proposer pl({.k = 6});
-    sd::speculative_decoder sp(target, pl, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+    sd::speculative_decoder sp(target, pl, sd::greedy_verifier{}, sd::greedy{}, config);
     auto const s = sp.generate(prompt);
     expect(s);
     CHECK(s.tokens == a.tokens);
@@ -202,7 +202,7 @@ TEST_CASE("stops: EOS, stop sequences, stop strings, max tokens, context, callba
     CHECK(s.stop_index == a.stop_index);
     toy::toy_lm draft(vocab, context, 7, 6.0f, 0.5f);
     sd::draft_model_proposer dm(draft, target, sd::greedy{}, {.k = 5});
-    sd::speculative_decoder sp2(target, dm, toy::greedy_stand_in_verifier{}, sd::greedy{}, config);
+    sd::speculative_decoder sp2(target, dm, sd::greedy_verifier{}, sd::greedy{}, config);
     auto const s2 = sp2.generate(prompt);
     CHECK(s2.tokens == a.tokens);
     CHECK(s2.reason == a.reason);
@@ -283,13 +283,13 @@ TEST_CASE("stops: EOS, stop sequences, stop strings, max tokens, context, callba
     CHECK(std::equal(a.tokens.begin(), a.tokens.end(), free_run.tokens.begin()));
     for (std::size_t k : {1u, 3u, 8u}) {
       sd::prompt_lookup_proposer pl({.k = k});
-      sd::speculative_decoder sp(small, pl, toy::greedy_stand_in_verifier{}, sd::greedy{}, c);
+      sd::speculative_decoder sp(small, pl, sd::greedy_verifier{}, sd::greedy{}, c);
       auto const s = sp.generate(prompt);
       CHECK(s.reason == sd::finish_reason::context_full);
       CHECK(s.tokens == a.tokens);
       toy::toy_lm draft(vocab, 12, 7, 6.0f, 0.5f);  // a draft with an even smaller context
       sd::draft_model_proposer dm(draft, small, sd::greedy{}, {.k = k});
-      sd::speculative_decoder sp2(small, dm, toy::greedy_stand_in_verifier{}, sd::greedy{}, c);
+      sd::speculative_decoder sp2(small, dm, sd::greedy_verifier{}, sd::greedy{}, c);
       auto const s2 = sp2.generate(prompt);
       CHECK(s2.reason == sd::finish_reason::context_full);
       CHECK(s2.tokens == a.tokens);
@@ -306,7 +306,7 @@ TEST_CASE("stops: EOS, stop sequences, stop strings, max tokens, context, callba
     c.max_new_tokens = 30;
     std::vector<sd::token_id> streamed;
     sd::prompt_lookup_proposer pl({.k = 6});
-    sd::speculative_decoder sp(target, pl, toy::greedy_stand_in_verifier{}, sd::greedy{}, c);
+    sd::speculative_decoder sp(target, pl, sd::greedy_verifier{}, sd::greedy{}, c);
     auto const r = sp.generate(prompt, [&](sd::token_id t) {
       streamed.push_back(t);
       return true;
@@ -330,7 +330,7 @@ TEST_CASE("statistics fields") {
   c.max_new_tokens = 50;
   toy::toy_lm draft(vocab, context, 7, 6.0f, 0.8f);
   sd::draft_model_proposer dm(draft, target, sd::greedy{}, {.k = 4});
-  sd::speculative_decoder sp(target, dm, toy::greedy_stand_in_verifier{}, sd::greedy{}, c);
+  sd::speculative_decoder sp(target, dm, sd::greedy_verifier{}, sd::greedy{}, c);
   std::vector<sd::token_id> const prompt{1, 4, 6, 8};
   std::size_t const forwards_before = target.forwards;
   auto const r = sp.generate(prompt);
@@ -365,7 +365,7 @@ TEST_CASE("statistics fields") {
 TEST_CASE("bad prompts and configurations are errors") {
   toy::toy_lm target(vocab, context);
   null_proposer p;
-  sd::speculative_decoder dec(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{});
+  sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{});
   std::vector<sd::token_id> const empty;
   CHECK_THROWS_AS((void)dec.generate(empty), sd::error);
   std::vector<sd::token_id> const bad{1, static_cast<sd::token_id>(vocab)};
@@ -374,19 +374,16 @@ TEST_CASE("bad prompts and configurations are errors") {
   CHECK_THROWS_AS((void)dec.generate(negative), sd::error);
   sd::decode_config c;
   c.eos_token = static_cast<sd::token_id>(vocab);
-  CHECK_THROWS_AS(
-      (sd::speculative_decoder(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, c)),
-      sd::error);
+  CHECK_THROWS_AS((sd::speculative_decoder(target, p, sd::greedy_verifier{}, sd::greedy{}, c)),
+                  sd::error);
   c = {};
   c.max_draft_nodes = sd::max_tree_nodes;
-  CHECK_THROWS_AS(
-      (sd::speculative_decoder(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, c)),
-      sd::error);
+  CHECK_THROWS_AS((sd::speculative_decoder(target, p, sd::greedy_verifier{}, sd::greedy{}, c)),
+                  sd::error);
   c = {};
   c.stop_sequences = {{}};
-  CHECK_THROWS_AS(
-      (sd::speculative_decoder(target, p, toy::greedy_stand_in_verifier{}, sd::greedy{}, c)),
-      sd::error);
+  CHECK_THROWS_AS((sd::speculative_decoder(target, p, sd::greedy_verifier{}, sd::greedy{}, c)),
+                  sd::error);
 
   // A proposer that drafts more than allowed, or under the wrong root.
   struct greedy_proposer {
@@ -402,7 +399,7 @@ TEST_CASE("bad prompts and configurations are errors") {
   } g;
   sd::decode_config small;
   small.max_draft_nodes = 3;
-  sd::speculative_decoder d2(target, g, toy::greedy_stand_in_verifier{}, sd::greedy{}, small);
+  sd::speculative_decoder d2(target, g, sd::greedy_verifier{}, sd::greedy{}, small);
   std::vector<sd::token_id> const prompt{1, 2};
   CHECK_THROWS_AS((void)d2.generate(prompt), sd::error);
   g.mode = 1;

@@ -1,0 +1,180 @@
+// Greedy speculative decoding on the stories260K fixture is token-identical to greedy
+// autoregressive decoding, for every proposer, and reproduces the MANIFEST's reference ids.
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <vector>
+
+#include "decode/fixture.hpp"
+#include "specdec/backend/cpu/llama.hpp"
+#include "specdec/decode/autoregressive.hpp"
+#include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/llama2c.hpp"
+#include "specdec/model/random.hpp"
+#include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/layer_skip.hpp"
+#include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/sampling/policy.hpp"
+#include "specdec/verify/greedy.hpp"
+#include "specdec/verify/tree_sampling.hpp"
+
+namespace sd = specdec;
+
+namespace {
+
+sd::cpu_llama_options one_thread() {
+  return {.threads = 1};
+}
+
+// A tiny random-weight draft with the fixture's vocabulary (acceptance near zero, which exercises
+// rejection and rollback on every step).
+std::shared_ptr<sd::llama_weights const> random_draft() {
+  sd::llama_config c;
+  c.dim = 16;
+  c.hidden_dim = 32;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.vocab_size = 512;
+  c.seq_len = 512;
+  return std::make_shared<sd::llama_weights const>(sd::make_random_llama(c, 11, 0.5f));
+}
+
+// The draft trained for the fixture when present, else the random one.
+std::shared_ptr<sd::llama_weights const> trained_or_random_draft() {
+  auto const path = fixture::draft_model_path();
+  if (path.empty()) {
+    MESSAGE("tools/draft/stories_draft.bin not found; using a random-weight draft");
+    return random_draft();
+  }
+  return std::make_shared<sd::llama_weights const>(sd::load_model(path));
+}
+
+// Runs greedy speculative decoding with `proposer` and checks it against `expected`.
+template <class Proposer, class Verifier>
+sd::request_stats check_greedy(sd::cpu_llama& target, Proposer& proposer, Verifier verifier,
+                               std::vector<sd::token_id> const& prompt,
+                               std::vector<sd::token_id> const& expected,
+                               std::size_t max_draft_nodes = 16) {
+  sd::decode_config config;
+  config.max_new_tokens = expected.size();
+  config.max_draft_nodes = max_draft_nodes;
+  sd::speculative_decoder dec(target, proposer, std::move(verifier), sd::greedy{}, config);
+  auto const r = dec.generate(prompt);
+  CHECK(r.tokens == expected);
+  CHECK(r.reason == sd::finish_reason::max_tokens);
+  return r.stats;
+}
+
+}  // namespace
+
+TEST_CASE("fixture: greedy decoding reproduces the reference ids with every proposer") {
+  auto const weights = fixture::stories260k();
+  auto const ref = fixture::reference_ids();
+  std::vector<sd::token_id> const prompt = fixture::once_upon_a_time();
+  REQUIRE(std::equal(prompt.begin() + 1, prompt.end(), ref.begin()));
+  std::vector<sd::token_id> const expected(ref.begin() + 4, ref.end());  // 252 new tokens
+
+  sd::cpu_llama target(weights, one_thread());
+  sd::decode_config config;
+  config.max_new_tokens = expected.size();
+  sd::autoregressive_decoder ar(target, sd::greedy{}, config);
+  auto const baseline = ar.generate(prompt);
+  CHECK(baseline.tokens == expected);
+
+  SUBCASE("prompt lookup, chain") {
+    sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 6});
+    auto const s = check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
+    CHECK(s.accepted > 0);
+  }
+  SUBCASE("prompt lookup, tree") {
+    sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 5, .max_branches = 4});
+    auto const s = check_greedy(target, p, sd::greedy_verifier{}, prompt, expected, 20);
+    CHECK(s.accepted > 0);
+  }
+  SUBCASE("prompt lookup, tree, tree verifier") {
+    sd::prompt_lookup_proposer p({.n_max = 2, .n_min = 1, .k = 4, .max_branches = 3});
+    check_greedy(target, p, sd::tree_verifier{}, prompt, expected);
+  }
+  SUBCASE("draft model (trained if present)") {
+    sd::cpu_llama draft(trained_or_random_draft(), one_thread());
+    sd::draft_model_proposer p(draft, target, sd::greedy{}, {.k = 4});
+    check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
+  }
+  SUBCASE("draft model, random weights, adaptive k") {
+    sd::cpu_llama draft(random_draft(), one_thread());
+    sd::draft_model_proposer p(draft, target, sd::greedy{},
+                               {.k = 3, .adaptive = true, .k_min = 1, .k_max = 6});
+    check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
+  }
+  SUBCASE("layer skip") {
+    for (auto const& skip : std::vector<std::vector<std::int32_t>>{{1}, {2, 3}, {3}}) {
+      sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> p({.skip_layers = skip}, sd::greedy{},
+                                                           weights, one_thread());
+      auto const s = check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
+      CHECK(s.accepted > 0);
+    }
+  }
+  SUBCASE("the fixture itself as a draft model (every draft accepted)") {
+    sd::cpu_llama draft(weights, one_thread());
+    sd::draft_model_proposer p(draft, target, sd::greedy{}, {.k = 5});
+    auto const s = check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
+    CHECK(s.accepted == s.drafted);
+  }
+}
+
+TEST_CASE("fixture: greedy speculative == greedy autoregressive on every TinyStories prompt") {
+  auto const weights = fixture::stories260k();
+  auto const prompts = fixture::encoded_prompts();
+  REQUIRE(fixture::tok512().encode("Once upon a time", true) == fixture::once_upon_a_time());
+  sd::cpu_llama target(weights, one_thread());
+  sd::cpu_llama draft(trained_or_random_draft(), one_thread());
+  sd::cpu_llama random(random_draft(), one_thread());
+  sd::decode_config config;
+  config.max_new_tokens = 128;
+  config.max_draft_nodes = 16;
+  sd::autoregressive_decoder ar(target, sd::greedy{}, config);
+
+  sd::prompt_lookup_proposer lookup_chain({.n_max = 3, .n_min = 1, .k = 6});
+  sd::prompt_lookup_proposer lookup_tree({.n_max = 3, .n_min = 1, .k = 4, .max_branches = 3});
+  sd::draft_model_proposer drafted(draft, target, sd::greedy{}, {.k = 4});
+  sd::draft_model_proposer adaptive(
+      random, target, sd::greedy{},
+      {.k = 2, .adaptive = true, .k_min = 1, .k_max = 5, .confidence_threshold = 0.05f});
+  sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> skip({.skip_layers = {2}}, sd::greedy{},
+                                                          weights, one_thread());
+  sd::speculative_decoder d1(target, lookup_chain, sd::greedy_verifier{}, sd::greedy{}, config);
+  sd::speculative_decoder d2(target, lookup_tree, sd::tree_verifier{}, sd::greedy{}, config);
+  sd::speculative_decoder d3(target, drafted, sd::greedy_verifier{}, sd::greedy{}, config);
+  sd::speculative_decoder d4(target, adaptive, sd::greedy_verifier{}, sd::greedy{}, config);
+  sd::speculative_decoder d5(target, skip, sd::greedy_verifier{}, sd::greedy{}, config);
+
+  sd::request_stats totals[5];
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    auto const reference = ar.generate(prompts[i]);
+    REQUIRE(reference.tokens.size() == 128);
+    auto const r1 = d1.generate(prompts[i]);
+    auto const r2 = d2.generate(prompts[i]);
+    auto const r3 = d3.generate(prompts[i]);
+    auto const r4 = d4.generate(prompts[i]);
+    auto const r5 = d5.generate(prompts[i]);
+    CHECK(r1.tokens == reference.tokens);
+    CHECK(r2.tokens == reference.tokens);
+    CHECK(r3.tokens == reference.tokens);
+    CHECK(r4.tokens == reference.tokens);
+    CHECK(r5.tokens == reference.tokens);
+    sd::decode_result const* rs[5] = {&r1, &r2, &r3, &r4, &r5};
+    for (std::size_t k = 0; k < 5; ++k) {
+      totals[k].steps += rs[k]->stats.steps;
+      totals[k].drafted += rs[k]->stats.drafted;
+      totals[k].accepted += rs[k]->stats.accepted;
+    }
+  }
+  char const* names[5] = {"prompt lookup chain", "prompt lookup tree", "draft model",
+                          "random draft, adaptive", "layer skip {2}"};
+  for (std::size_t k = 0; k < 5; ++k)
+    MESSAGE(std::string(names[k]) << ": " << totals[k].mean_accepted_length()
+                                  << " tokens per step, " << totals[k].acceptance_rate()
+                                  << " of drafts accepted");
+}
