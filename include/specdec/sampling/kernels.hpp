@@ -253,13 +253,21 @@ using vint_half = std::int32_t __attribute__((vector_size(simd_width * sizeof(fl
   vdouble_half acc[V];
   vint_half neg = vint_half{};
   for (std::size_t v = 0; v < V; ++v) acc[v] = vdouble_half{};
-  vfloat_half const zero = vfloat_half{} + 0.0f;
   std::size_t const full = n - n % row_lanes;
+  vfloat const vzero = splat(0.0f);
   for (std::size_t i = 0; i < full; i += row_lanes) {
+    // Groups of zeros (most of a truncated row) are skipped after one vectorised test.
+    vint nonzero = vint{}, negative = vint{};
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      vfloat const a = load(x + i + v * simd_width);
+      nonzero |= a != vzero;
+      negative |= ~(a >= vzero);
+    }
+    if (any(negative)) neg |= vint_half{} - 1;
+    if (!any(nonzero)) continue;
     for (std::size_t v = 0; v < V; ++v) {
       vfloat_half a;
       __builtin_memcpy(&a, x + i + v * H, sizeof a);
-      neg |= ~(a >= zero);
       acc[v] += __builtin_convertvector(a, vdouble_half);
     }
   }
