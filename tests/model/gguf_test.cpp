@@ -144,6 +144,23 @@ TEST_CASE("gguf: half and bfloat16 conversions") {
       FAIL("float bits ", bits, ": ", float_to_half(f), " vs ", expected);
   }
 #endif
+  // The bulk conversions agree with the scalar ones on every pattern, at any alignment.
+  std::vector<std::byte> all(2 * 65536 + 1);
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    auto const bits = static_cast<std::uint16_t>(b);
+    std::memcpy(all.data() + 1 + 2 * b, &bits, 2);
+  }
+  std::vector<float> bulk(65536);
+  half_to_float(all.data() + 1, bulk);
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    float const expected = half_to_float(static_cast<std::uint16_t>(b));
+    if (std::memcmp(&bulk[b], &expected, 4) != 0) FAIL("bulk half ", b);
+  }
+  bf16_to_float(all.data() + 1, bulk);
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    float const expected = bf16_to_float(static_cast<std::uint16_t>(b));
+    if (std::memcmp(&bulk[b], &expected, 4) != 0) FAIL("bulk bf16 ", b);
+  }
   for (std::uint32_t b = 0; b < 65536; ++b) {
     auto const bits = static_cast<std::uint16_t>(b);
     float const f = bf16_to_float(bits);

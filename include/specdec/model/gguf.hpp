@@ -652,7 +652,6 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
   c.shared_classifier = output == nullptr;
   c.validate(w.c_str());
 
-
   auto const d = static_cast<std::uint64_t>(c.dim), h = static_cast<std::uint64_t>(c.hidden_dim),
              kv = static_cast<std::uint64_t>(c.kv_dim()),
              v = static_cast<std::uint64_t>(c.vocab_size);
@@ -711,8 +710,7 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
   // Pass 2: point into the map or convert into one owned buffer (sized once: stable pointers).
   auto storage = std::make_shared<detail::weight_storage>();
   storage->map = f.file();
-  storage->owned.resize(static_cast<std::size_t>(owned));
-  float* next = storage->owned.data();
+  float* next = storage->allocate(static_cast<std::size_t>(owned));
   for (auto const& [t, target] : list) {
     if (t->type == gguf_type::f32 &&
         reinterpret_cast<std::uintptr_t>(t->data) % alignof(float) == 0) {
@@ -722,13 +720,10 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
     auto const n = static_cast<std::size_t>(t->elements);
     if (t->type == gguf_type::f32) {
       std::memcpy(next, t->data, n * sizeof(float));
+    } else if (t->type == gguf_type::f16) {
+      half_to_float(t->data, std::span<float>(next, n));
     } else {
-      bool const f16 = t->type == gguf_type::f16;
-      for (std::size_t i = 0; i < n; ++i) {
-        std::uint16_t bits;
-        std::memcpy(&bits, t->data + 2 * i, 2);
-        next[i] = f16 ? half_to_float(bits) : bf16_to_float(bits);
-      }
+      bf16_to_float(t->data, std::span<float>(next, n));
     }
     *target = next;
     next += n;

@@ -5,12 +5,19 @@
 //! writer.
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace specdec {
 
-//! The float32 value of the binary16 bit pattern `h` (exact, subnormals, infinities and NaNs
-//! included).
+//! The float32 value of the binary16 bit pattern `h` (exact, subnormals and infinities included;
+//! a NaN keeps its sign and payload and becomes quiet).
 [[nodiscard]] constexpr float half_to_float(std::uint16_t h) noexcept {
   std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t const exponent = (h >> 10) & 0x1fu;
@@ -20,7 +27,10 @@ namespace specdec {
     float const magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
     return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(magnitude));
   }
-  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 31) {  // infinity, or NaN (made quiet, as the F16C instructions do)
+    std::uint32_t const quiet = mantissa != 0 ? 0x400000u : 0u;
+    return std::bit_cast<float>(sign | 0x7f800000u | quiet | (mantissa << 13));
+  }
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
@@ -60,6 +70,37 @@ namespace specdec {
   std::uint32_t const x = std::bit_cast<std::uint32_t>(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
   return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+//! Converts `out.size()` little-endian binary16 values at `in` (any alignment) to float32, exactly
+//! as `half_to_float` does (with the F16C instructions where the target has them).
+inline void half_to_float(std::byte const* in, std::span<float> out) noexcept {
+  constexpr std::size_t chunk = 256;
+  std::uint16_t buffer[chunk];
+  for (std::size_t begin = 0; begin < out.size(); begin += chunk) {
+    std::size_t const n = out.size() - begin < chunk ? out.size() - begin : chunk;
+    std::memcpy(buffer, in + 2 * begin, 2 * n);
+    float* const dst = out.data() + begin;
+    std::size_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      __m128i const h = _mm_loadu_si128(reinterpret_cast<__m128i const*>(buffer + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = half_to_float(buffer[i]);
+  }
+}
+
+//! Converts `out.size()` little-endian bfloat16 values at `in` (any alignment) to float32.
+inline void bf16_to_float(std::byte const* in, std::span<float> out) noexcept {
+  constexpr std::size_t chunk = 256;
+  std::uint16_t buffer[chunk];
+  for (std::size_t begin = 0; begin < out.size(); begin += chunk) {
+    std::size_t const n = out.size() - begin < chunk ? out.size() - begin : chunk;
+    std::memcpy(buffer, in + 2 * begin, 2 * n);
+    for (std::size_t i = 0; i < n; ++i) out[begin + i] = bf16_to_float(buffer[i]);
+  }
 }
 
 }  // namespace specdec

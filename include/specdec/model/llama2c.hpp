@@ -256,8 +256,7 @@ inline llama_weights load_llama2c_versioned(std::shared_ptr<mapped_file const> c
   storage->map = map;
   std::uint64_t total = n.emb + n.l * (2 * n.attn_sq + 2 * n.attn_kv + 3 * n.ffn);
   if (!c.shared_classifier) total += n.emb;
-  storage->owned.resize(static_cast<std::size_t>(total));
-  float* out = storage->owned.data();
+  float* out = storage->allocate(static_cast<std::size_t>(total));
   auto const gs = static_cast<std::size_t>(group_size);
   auto const dequantise = [&](std::uint64_t count, char const* what) -> float const* {
     auto const q = r.take(count, what);
@@ -279,7 +278,7 @@ inline llama_weights load_llama2c_versioned(std::shared_ptr<mapped_file const> c
   }
   w.classifier = c.shared_classifier ? w.token_embedding : dequantise(n.emb, "classifier");
   SPECDEC_ASSERT(r.remaining() == 0);
-  SPECDEC_ASSERT(out == storage->owned.data() + storage->owned.size());
+  SPECDEC_ASSERT(out == storage->owned.get() + storage->owned_size);
   w.storage = std::move(storage);
   return w;
 }

@@ -66,8 +66,7 @@ inline void fill_normal(std::span<float> out, std::uint64_t seed, std::uint64_t 
              kv = static_cast<std::size_t>(config.kv_dim()),
              v = static_cast<std::size_t>(config.vocab_size);
   auto storage = std::make_shared<detail::weight_storage>();
-  storage->owned.resize(config.parameter_count());
-  float* next = storage->owned.data();
+  float* next = storage->allocate(config.parameter_count());
   auto const take = [&](std::size_t count) {
     float* const p = next;
     next += count;
@@ -108,7 +107,7 @@ inline void fill_normal(std::span<float> out, std::uint64_t seed, std::uint64_t 
   }
   w.rms_final = ones(d);
   w.classifier = config.shared_classifier ? w.token_embedding : matrix(v * d, 1);
-  SPECDEC_ASSERT(next == storage->owned.data() + storage->owned.size());
+  SPECDEC_ASSERT(next == storage->owned.get() + storage->owned_size);
 
   // Fill the matrices on every core, in chunks of whole Philox blocks; each value depends only on
   // (seed, stream, index), so the result does not depend on the number of threads.

@@ -2,11 +2,10 @@
 //! \file
 //! What a `llama_weights::storage` owns when a reader produced it: the file's memory map (for
 //! tensors used in place) and a buffer of converted float32 values (for tensors that needed a
-//! conversion: F16, BF16, dequantised int8, misaligned data).
+//! conversion: F16, BF16, dequantised int8, misaligned data; or generated ones).
 
 #include <cstddef>
 #include <memory>
-#include <vector>
 
 #include "specdec/model/mapped_file.hpp"
 
@@ -15,7 +14,15 @@ namespace specdec::detail {
 //! The owner behind a reader's `llama_weights::storage`.
 struct weight_storage {
   std::shared_ptr<mapped_file const> map;  //!< the mapped file (may be null)
-  std::vector<float> owned;                //!< converted tensors, [total converted elements]
+  std::unique_ptr<float[]> owned;          //!< converted tensors, [owned_size]
+  std::size_t owned_size = 0;              //!< number of floats in `owned`
+
+  //! Allocates `count` floats, uninitialised (every reader writes all of them), and returns them.
+  float* allocate(std::size_t count) {
+    owned.reset(new float[count]);
+    owned_size = count;
+    return owned.get();
+  }
 };
 
 }  // namespace specdec::detail
