@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cuda/test_util.cuh"
@@ -211,8 +212,8 @@ tally compare(batch_data const& d, HostVerifier& host, Policy const& policy,
 }
 
 void report(char const* what, tally const& t) {
-  MESSAGE(what << ": " << t.sequences << " sequences, " << t.exact << " identical, " << t.rounding
-               << " within rounding");
+  MESSAGE(std::string(what) << ": " << t.sequences << " sequences, " << t.exact << " identical, "
+                            << t.rounding << " within rounding");
 }
 
 }  // namespace

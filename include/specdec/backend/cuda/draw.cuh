@@ -42,14 +42,19 @@ struct chunk_plan {
   std::int32_t count = 0;  //!< chunks per row
 };
 
+//! Most host blocks (of 512 entries) one thread block takes: bounds the serial work per block.
+inline constexpr std::int32_t max_blocks_per_chunk = 16;
+
 //! Splits rows of `vocab` entries so that `rows` rows give about two blocks per multiprocessor
-//! (more chunks per row when there are few rows, one chunk per row when there are many).
+//! (more chunks per row when there are few rows), with at most `max_blocks_per_chunk` * 512
+//! entries per chunk (so that many rows of a large vocabulary still spread over many blocks).
 [[nodiscard]] constexpr chunk_plan plan_chunks(std::int32_t vocab, std::int64_t rows,
                                                std::int32_t multiprocessors) noexcept {
   if (vocab <= 0 || rows <= 0) return {host_row_block, 0};
   std::int64_t const blocks = (vocab + host_row_block - 1) / host_row_block;
   std::int64_t const want_total = 2 * static_cast<std::int64_t>(std::max(multiprocessors, 1));
-  std::int64_t want = (want_total + rows - 1) / rows;
+  std::int64_t want = std::max((want_total + rows - 1) / rows,
+                               (blocks + max_blocks_per_chunk - 1) / max_blocks_per_chunk);
   want = std::clamp<std::int64_t>(want, 1, blocks);
   std::int64_t const per = (blocks + want - 1) / want;
   auto const size = static_cast<std::int32_t>(per * host_row_block);
