@@ -352,7 +352,7 @@ TEST_CASE("tokenizer: errors") {
   test::temp_dir dir;
   auto const bytes = test::read_bytes(test::model_file("tok512.bin"));
   auto const cut = dir.file("cut.bin");
-  for (std::size_t n = 0; n < bytes.size(); n += 1 + n / 500) {
+  for (std::size_t n = 0; n < bytes.size(); n += 1 + n / 100) {
     CAPTURE(n);
     test::write_bytes(cut, bytes, n);
     expect_error([&] { (void)tokenizer::load_llama2c(cut, 512); }, errc::bad_file);
