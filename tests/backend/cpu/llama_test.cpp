@@ -7,6 +7,7 @@
 #include <iterator>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/test_models.hpp"
@@ -112,6 +113,31 @@ TEST_CASE("cpu_llama: results do not depend on the number of threads") {
   sd::cpu_llama b(w, {.pool = a.pool()});
   CHECK(a.threads() == 2);
   CHECK(run(a, tokens, iota_positions(0, 40)) == run(b, tokens, iota_positions(0, 40)));
+  // Models with the same thread count share the process-wide pool by default; models used from
+  // two threads at once take turns on it.
+  sd::cpu_llama c(w, {.threads = 2});
+  sd::cpu_llama d(w, {.threads = 2});
+  CHECK(c.pool() == d.pool());
+  CHECK(c.pool() == sd::thread_pool::shared(2));
+  one.reset();
+  auto const want = run(one, tokens, iota_positions(0, 40));
+  std::vector<float> got_c, got_d;
+  std::thread tc([&] {
+    for (int i = 0; i < 3; ++i) {
+      c.reset();
+      got_c = run(c, tokens, iota_positions(0, 40));
+    }
+  });
+  std::thread td([&] {
+    for (int i = 0; i < 3; ++i) {
+      d.reset();
+      got_d = run(d, tokens, iota_positions(0, 40));
+    }
+  });
+  tc.join();
+  td.join();
+  CHECK(got_c == want);
+  CHECK(got_d == want);
 }
 
 TEST_CASE("cpu_llama: a tree forward equals running each root-to-leaf path alone") {

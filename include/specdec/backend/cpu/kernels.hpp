@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -24,6 +25,7 @@ struct simd {
   static reg zero() noexcept { return _mm512_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm512_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm512_fmadd_ps(a, b, c); }
+  static reg mul(reg a, reg b) noexcept { return _mm512_mul_ps(a, b); }
   // GCC 12's unmasked AVX-512 shuffles start from an undefined register and warn
   // -Wuninitialized once inlined; the all-ones masked forms do the same without it.
   static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
@@ -47,6 +49,7 @@ struct simd {
   static reg zero() noexcept { return _mm256_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm256_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm256_fmadd_ps(a, b, c); }
+  static reg mul(reg a, reg b) noexcept { return _mm256_mul_ps(a, b); }
   static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
     reg const ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
     reg const cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
@@ -62,6 +65,7 @@ struct simd {
   static reg zero() noexcept { return _mm_setzero_ps(); }
   static reg load(float const* p) noexcept { return _mm_loadu_ps(p); }
   static reg fma(reg a, reg b, reg c) noexcept { return _mm_add_ps(_mm_mul_ps(a, b), c); }
+  static reg mul(reg a, reg b) noexcept { return _mm_mul_ps(a, b); }
   static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
     reg const ab = _mm_add_ps(_mm_unpacklo_ps(a, b), _mm_unpackhi_ps(a, b));
     reg const cd = _mm_add_ps(_mm_unpacklo_ps(c, d), _mm_unpackhi_ps(c, d));
@@ -76,6 +80,7 @@ struct simd {
   static reg zero() noexcept { return 0.0f; }
   static reg load(float const* p) noexcept { return *p; }
   static reg fma(reg a, reg b, reg c) noexcept { return a * b + c; }
+  static reg mul(reg a, reg b) noexcept { return a * b; }
   static void sum4(reg a, reg b, reg c, reg d, float* out) noexcept {
     out[0] = a;
     out[1] = b;
@@ -107,81 +112,137 @@ inline constexpr std::size_t token_block = 64;
 //! every token tile of the batch passes over it.
 inline constexpr std::size_t k_block = 1024;
 
-//! part[r * ldp + t] += dot(w[r, k0:k1], x[t, k0:k1]) for R weight rows and T tokens, where
-//! k1 - k0 is a multiple of simd::width. Each dot product's block sum is accumulated and reduced
-//! in the same order whatever R and T.
+//! acc[I], or a zero register past the end (resolved at compile time, so `acc` stays in registers).
+template <std::size_t I, std::size_t N>
+inline simd::reg acc_or_zero(simd::reg const (&acc)[N]) noexcept {
+  if constexpr (I < N)
+    return acc[I];
+  else
+    return simd::zero();
+}
+
+//! sums[4g .. 4g + 4) = the sums of acc[4g .. 4g + 4) (zeros past the end), for every group g.
+template <std::size_t N, std::size_t... G>
+inline void reduce_groups(simd::reg const (&acc)[N], float* sums,
+                          std::index_sequence<G...>) noexcept {
+  (simd::sum4(acc_or_zero<4 * G>(acc), acc_or_zero<4 * G + 1>(acc), acc_or_zero<4 * G + 2>(acc),
+              acc_or_zero<4 * G + 3>(acc), sums + 4 * G),
+   ...);
+}
+
+//! The operands of a tile's products (see `gemm_nt`): R weight rows from `w`, T tokens from `x`.
+struct tile_args {
+  float const* w;  //!< first weight row; rows ldw apart
+  std::size_t ldw;
+  float const* x;  //!< first token's activations; rows ldx apart
+  std::size_t ldx;
+  std::size_t k;  //!< row length
+  float* part;    //!< partial sums between blocks, [R, ldp]
+  std::size_t ldp;
+  float* y;  //!< results y[t * ldy + r]
+  std::size_t ldy;
+  bool accumulate;  //!< add the dot products to y instead of storing them
+};
+
+//! The block [k0, k1) of R x T dot products (k1 - k0 a positive multiple of simd::width): partial
+//! sum = previous partial (unless k0 == 0) + the block's sum; after the last block the scalar tail
+//! [k1, k) is added and the result goes to y. The summation order of every dot product depends
+//! only on k, never on R, T or the batch.
 template <std::size_t R, std::size_t T, bool Prefetch>
-inline void block_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
-                       std::size_t k0, std::size_t k1, float* part, std::size_t ldp) noexcept {
+inline void block_tile(tile_args const& a, std::size_t k0, std::size_t k1) noexcept {
+  // The first step initialises the accumulators (fma(w, x, 0) == w * x exactly), which spares
+  // zeroing them in memory.
   typename simd::reg acc[R * T];
-  for (auto& a : acc) a = simd::zero();
-  for (std::size_t i = k0; i < k1; i += simd::width) {
+  {
     typename simd::reg xv[T];
-    for (std::size_t t = 0; t < T; ++t) xv[t] = simd::load(x + t * ldx + i);
+    for (std::size_t t = 0; t < T; ++t) xv[t] = simd::load(a.x + t * a.ldx + k0);
     for (std::size_t r = 0; r < R; ++r) {
-      if constexpr (Prefetch) prefetch(w + r * ldw + i + prefetch_distance);
-      typename simd::reg const wv = simd::load(w + r * ldw + i);
+      if constexpr (Prefetch) prefetch(a.w + r * a.ldw + k0 + prefetch_distance);
+      typename simd::reg const wv = simd::load(a.w + r * a.ldw + k0);
+      for (std::size_t t = 0; t < T; ++t) acc[r * T + t] = simd::mul(wv, xv[t]);
+    }
+  }
+  for (std::size_t i = k0 + simd::width; i < k1; i += simd::width) {
+    typename simd::reg xv[T];
+    for (std::size_t t = 0; t < T; ++t) xv[t] = simd::load(a.x + t * a.ldx + i);
+    for (std::size_t r = 0; r < R; ++r) {
+      if constexpr (Prefetch) prefetch(a.w + r * a.ldw + i + prefetch_distance);
+      typename simd::reg const wv = simd::load(a.w + r * a.ldw + i);
       for (std::size_t t = 0; t < T; ++t) acc[r * T + t] = simd::fma(wv, xv[t], acc[r * T + t]);
     }
   }
   constexpr std::size_t groups = (R * T + 3) / 4;
   float sums[4 * groups];
-  for (std::size_t g = 0; g < groups; ++g) {
-    auto const at = [&](std::size_t i) { return i < R * T ? acc[i] : simd::zero(); };
-    simd::sum4(at(4 * g), at(4 * g + 1), at(4 * g + 2), at(4 * g + 3), sums + 4 * g);
+  reduce_groups(acc, sums, std::make_index_sequence<groups>());
+  bool const first = k0 == 0;
+  bool const last = a.k - k1 < simd::width;
+  for (std::size_t r = 0; r < R; ++r) {
+    for (std::size_t t = 0; t < T; ++t) {
+      float s = first ? sums[r * T + t] : a.part[r * a.ldp + t] + sums[r * T + t];
+      if (!last) {
+        a.part[r * a.ldp + t] = s;
+        continue;
+      }
+      for (std::size_t j = k1; j < a.k; ++j) s += a.w[r * a.ldw + j] * a.x[t * a.ldx + j];
+      float& out = a.y[t * a.ldy + r];
+      out = a.accumulate ? out + s : s;
+    }
   }
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t t = 0; t < T; ++t) part[r * ldp + t] += sums[r * T + t];
+}
+
+//! The tile's token tile starting at token t.
+inline tile_args at_token(tile_args a, std::size_t t) noexcept {
+  a.x += t * a.ldx;
+  a.part += t;
+  a.y += t * a.ldy;
+  return a;
 }
 
 //! R weight rows against tokens [0, n), n <= token_block: y[t, r] (+)= dot(w[r, :k], x[t, :k]).
 //! For each block of k_block floats, every token tile passes over the rows' block (the first one
-//! prefetching ahead, the others finding it in L1). The summation order of a dot product depends
-//! only on k, so a token's results never depend on the rest of the batch.
+//! prefetching ahead, the others finding it in L1).
 template <std::size_t R>
 inline void row_tile(float const* w, std::size_t ldw, float const* x, std::size_t ldx,
                      std::size_t n, std::size_t k, float* y, std::size_t ldy,
                      bool accumulate) noexcept {
-  float part[R * token_block];
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t t = 0; t < n; ++t) part[r * token_block + t] = 0.0f;
   std::size_t const kv = k - k % simd::width;
+  if (kv == 0) {  // rows shorter than one register
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t t = 0; t < n; ++t) {
+        float s = 0.0f;
+        for (std::size_t j = 0; j < k; ++j) s += w[r * ldw + j] * x[t * ldx + j];
+        float& out = y[t * ldy + r];
+        out = accumulate ? out + s : s;
+      }
+    }
+    return;
+  }
+  float part[R * token_block];
+  tile_args const args{w, ldw, x, ldx, k, part, token_block, y, ldy, accumulate};
   for (std::size_t k0 = 0; k0 < kv; k0 += k_block) {
     std::size_t const k1 = kv - k0 < k_block ? kv : k0 + k_block;
-    std::size_t t = 0;
-    if (n >= tile_tokens) {
-      block_tile<R, tile_tokens, true>(w, ldw, x, ldx, k0, k1, part, token_block);
-      t = tile_tokens;
-    } else {
+    if (n < tile_tokens) {
       if constexpr (tile_tokens > 3) {
-        if (n == 3) block_tile<R, 3, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+        if (n == 3) block_tile<R, 3, true>(args, k0, k1);
       }
       if constexpr (tile_tokens > 2) {
-        if (n == 2) block_tile<R, 2, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+        if (n == 2) block_tile<R, 2, true>(args, k0, k1);
       }
-      if (n == 1) block_tile<R, 1, true>(w, ldw, x, ldx, k0, k1, part, token_block);
+      if (n == 1) block_tile<R, 1, true>(args, k0, k1);
       continue;
     }
+    block_tile<R, tile_tokens, true>(args, k0, k1);
+    std::size_t t = tile_tokens;
     for (; t + tile_tokens <= n; t += tile_tokens)
-      block_tile<R, tile_tokens, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
+      block_tile<R, tile_tokens, false>(at_token(args, t), k0, k1);
     std::size_t const rest = n - t;
     if constexpr (tile_tokens > 3) {
-      if (rest == 3)
-        block_tile<R, 3, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
+      if (rest == 3) block_tile<R, 3, false>(at_token(args, t), k0, k1);
     }
     if constexpr (tile_tokens > 2) {
-      if (rest == 2)
-        block_tile<R, 2, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
+      if (rest == 2) block_tile<R, 2, false>(at_token(args, t), k0, k1);
     }
-    if (rest == 1) block_tile<R, 1, false>(w, ldw, x + t * ldx, ldx, k0, k1, part + t, token_block);
-  }
-  for (std::size_t r = 0; r < R; ++r) {
-    for (std::size_t t = 0; t < n; ++t) {
-      float s = part[r * token_block + t];
-      for (std::size_t j = kv; j < k; ++j) s += w[r * ldw + j] * x[t * ldx + j];
-      float& out = y[t * ldy + r];
-      out = accumulate ? out + s : s;
-    }
+    if (rest == 1) block_tile<R, 1, false>(at_token(args, t), k0, k1);
   }
 }
 

@@ -34,9 +34,9 @@ struct cpu_llama_options {
   //! Batch rows the activation buffers are sized for at construction; larger batches grow them
   //! once (the only allocation a forward may do).
   std::size_t batch_capacity = 64;
-  //! A thread pool to share with other models run from the same thread (e.g. a draft and its
-  //! target); null = the model starts its own pool of `threads` threads. When given, its size
-  //! overrides `threads`.
+  //! The thread pool; null = the process-wide pool of `threads` threads
+  //! (`thread_pool::shared`), which every model with the same thread count uses in turn. When
+  //! given, its size overrides `threads`.
   std::shared_ptr<thread_pool> pool = nullptr;
 };
 
@@ -76,7 +76,7 @@ class cpu_llama {
     } else {
       SPECDEC_CHECK(options.threads >= 1 && options.threads <= 1024, invalid_argument,
                     "cpu_llama: threads is ", options.threads, ", need 1 to 1024");
-      pool_ = std::make_shared<thread_pool>(options.threads);
+      pool_ = thread_pool::shared(options.threads);
     }
     cache_ = contiguous_cache(n_layers_, kv_dim_, max_context_);
 

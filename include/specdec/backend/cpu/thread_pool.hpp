@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -36,8 +38,8 @@ inline void cpu_relax() noexcept {
 
 //! A fixed set of threads that run jobs fork-join style: `run(f)` calls `f(t)` for t in
 //! [0, size()) -- t = 0 on the calling thread, the others on the workers -- and returns when all
-//! calls have returned. One job at a time: `run` must not be called concurrently or from inside a
-//! job. Running a job neither allocates nor throws.
+//! calls have returned. One job at a time: concurrent `run` calls from different threads take
+//! turns; `run` must not be called from inside a job. Running a job neither allocates nor throws.
 class thread_pool {
  public:
   //! A pool of `threads` threads in all (the caller counts as one, so `threads - 1` workers are
@@ -64,6 +66,22 @@ class thread_pool {
   //! Threads in all, the caller included.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
+  //! The process-wide pool of `threads` threads, created on first use and kept while some owner
+  //! holds it. Models that run one after another from the same thread (a draft and its target)
+  //! share it, so that no idle pool spins on a core another one needs.
+  [[nodiscard]] static std::shared_ptr<thread_pool> shared(std::size_t threads) {
+    static std::mutex mutex;
+    static std::map<std::size_t, std::weak_ptr<thread_pool>> pools;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::weak_ptr<thread_pool>& slot = pools[threads];
+    std::shared_ptr<thread_pool> pool = slot.lock();
+    if (pool == nullptr) {
+      pool = std::make_shared<thread_pool>(threads);
+      slot = pool;
+    }
+    return pool;
+  }
+
   //! Calls `f(t)` for every t in [0, size()), t = 0 on this thread, and waits for all. `f` must
   //! not throw (a throw terminates the program).
   template <class F>
@@ -74,6 +92,7 @@ class thread_pool {
     }
     using fn_type = std::remove_reference_t<F>;
     shared_state& s = *shared_;
+    std::lock_guard<std::mutex> turn(s.run_mutex);
     s.job_fn = [](void* ctx, std::size_t t) noexcept { (*static_cast<fn_type*>(ctx))(t); };
     s.job_ctx = const_cast<void*>(static_cast<void const*>(&f));
     s.pending.store(size_ - 1, std::memory_order_relaxed);
@@ -124,6 +143,7 @@ class thread_pool {
     alignas(64) std::atomic<std::uint32_t> generation{0};
     alignas(64) std::atomic<std::size_t> pending{0};
     alignas(64) std::atomic<bool> stopping{false};
+    std::mutex run_mutex;  // one job at a time
     void (*job_fn)(void*, std::size_t) noexcept = nullptr;
     void* job_ctx = nullptr;
   };
