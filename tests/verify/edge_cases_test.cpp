@@ -428,3 +428,31 @@ TEST_CASE("penalty-aware policies see the history extended by the path to each n
   g.verify(repeat_tree, view(repeat(row, 3), 5), policy, std::vector<token_id>{4}, rng, out);
   CHECK(out.tokens == std::vector<token_id>{0, 1});
 }
+
+TEST_CASE("q rows the walk uses are validated; unreached ones are not read") {
+  sampler const policy = temperature_one();
+  std::vector<token_id> const history{0};
+  std::vector<float> logits(3 * 4, 0.0f);
+  verify_result out;
+  specdec::speculative_sampling_verifier s;
+  specdec::tree_verifier t;
+  auto bad_sum = chain_with_q(0, {1, 2}, std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f});
+  bad_sum.q_row(0)[0] = 0.5f;  // the root's q row sums to 1.25
+  philox rng(4);
+  CHECK(code_of([&] { s.verify(bad_sum, view(logits, 4), policy, history, rng, out); }) ==
+        errc::numerical);
+  auto negative = chain_with_q(0, {1, 2}, std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f});
+  negative.q_row(0)[0] = -0.25f;
+  negative.q_row(0)[3] = 0.75f;  // sums to 1 but has a negative entry
+  CHECK(code_of([&] { t.verify(negative, view(logits, 4), policy, history, rng, out); }) ==
+        errc::numerical);
+  CHECK(rng.offset() == 0);
+  // A broken q row below a rejected draft is never used, so it is not read: the root's draft
+  // (token 3, p = 0 under these logits) is always rejected.
+  std::vector<float> row{0.0f, 0.0f, 0.0f, -std::numeric_limits<float>::infinity()};
+  auto unreached = chain_with_q(0, {3, 2}, std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f});
+  unreached.q_row(1)[0] = std::numeric_limits<float>::quiet_NaN();
+  s.verify(unreached, view(repeat(row, 3), 4), policy, history, rng, out);
+  CHECK(out.num_accepted() == 0);
+  CHECK(rng.offset() == 3);
+}

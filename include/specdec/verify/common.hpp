@@ -209,35 +209,76 @@ inline void check_probability(float v, char const* who, char const* what, node_i
   return std::span<float const>(out.data(), n);
 }
 
-//! Natural log accurate to float rounding for normal x > 0; branch-free so that loops vectorise.
-[[nodiscard]] inline float log_positive(float x) noexcept {
-  std::uint32_t const bits = std::bit_cast<std::uint32_t>(x);
-  std::int32_t e = static_cast<std::int32_t>(bits >> 23) - 127;
-  float m = std::bit_cast<float>((bits & 0x007fffffu) | 0x3f800000u);  // [1, 2)
-  bool const high = m > 1.41421356f;
-  m = high ? m * 0.5f : m;  // [sqrt(1/2), sqrt(2))
-  e = high ? e + 1 : e;
+//! -x ln x for a normal positive float x, accurate to float rounding; 0 for zero, subnormals,
+//! negatives, Inf and NaN (callers detect those separately). Selects are done on the bits so that
+//! loops calling it vectorise: ln x = e ln 2 + ln m with m in [sqrt(1/2), sqrt(2)) and
+//! ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^9.
+[[nodiscard]] inline float neg_x_log_x(float x) noexcept {
+  std::uint32_t const raw = std::bit_cast<std::uint32_t>(x);
+  std::uint32_t const normal = (raw - 0x00800000u) < 0x7f000000u ? 0xffffffffu : 0u;
+  std::uint32_t const bits = (raw & normal) | (0x3f800000u & ~normal);  // 1.0f when not normal
+  std::uint32_t const mb = (bits & 0x007fffffu) | 0x3f800000u;          // mantissa in [1, 2)
+  std::uint32_t const high = (0x3fb504f3u - mb) >> 31;                  // 1 when m > sqrt(2)
+  float const m = std::bit_cast<float>(mb - (high << 23));              // halved when high
+  float const e = static_cast<float>(static_cast<std::int32_t>(bits >> 23) - 127 +
+                                     static_cast<std::int32_t>(high));
   float const s = (m - 1.0f) / (m + 1.0f);
   float const s2 = s * s;
   float const series =
       1.0f + s2 * (1.0f / 3.0f + s2 * (1.0f / 5.0f + s2 * (1.0f / 7.0f + s2 * (1.0f / 9.0f))));
-  return 2.0f * s * series + static_cast<float>(e) * 0.693147180559945f;
+  float const ln = 2.0f * s * series + e * 0.693147180559945f;
+  return -std::bit_cast<float>(bits) * ln;  // -1 * ln 1 = 0 when not normal
 }
 
 //! Shannon entropy -sum p ln p (nats) of a distribution row; entries below FLT_MIN count as 0.
 //! Throws `errc::numerical` when the row holds NaN/Inf.
 [[nodiscard]] inline double entropy(std::span<float const> p, char const* who, node_index node) {
-  auto const term = [p](std::size_t j) {
-    float const x = p[j];
-    bool const pos = x >= std::numeric_limits<float>::min();
-    float const safe = pos ? x : 1.0f;
-    float const t = -safe * log_positive(safe);
-    return pos ? t : (x == x ? 0.0f : x);  // keeps NaN
-  };
-  double const h = weight_sum(p.size(), term);
-  SPECDEC_CHECK(std::isfinite(h), numerical, who, ": the target distribution at node ", node,
+  float const* const d = p.data();
+  std::size_t const n = p.size();
+  auto const raw = [d](std::size_t j) { return d[j]; };
+  float terms[reduce_block];
+  auto const term = [&terms](std::size_t j) { return terms[j]; };
+  double h = 0.0, mass = 0.0;
+  std::size_t i = 0;
+  for (; i + reduce_block <= n; i += reduce_block) {
+    for (std::size_t j = 0; j < reduce_block; ++j) terms[j] = neg_x_log_x(d[i + j]);
+    h += static_cast<double>(block_sum(0, term));
+    mass += static_cast<double>(block_sum(i, raw));
+  }
+  for (; i < n; ++i) {
+    h += static_cast<double>(neg_x_log_x(d[i]));
+    mass += static_cast<double>(d[i]);
+  }
+  SPECDEC_CHECK(std::isfinite(mass), numerical, who, ": the target distribution at node ", node,
                 " has NaN/Inf entries");
   return h;
+}
+
+//! Checks a q row the way `draft_tree::validate` does (every entry finite and >= 0, the sum within
+//! 1e-3 of 1), in one vectorised pass. Throws `errc::numerical` naming the node.
+inline void check_q_row(std::span<float const> q, char const* who, node_index node) {
+  float const* const d = q.data();
+  std::size_t const n = q.size();
+  auto const raw = [d](std::size_t j) { return d[j]; };
+  double sum = 0.0;
+  float low = 0.0f;
+  std::size_t i = 0;
+  for (; i + reduce_block <= n; i += reduce_block) {
+    sum += static_cast<double>(block_sum(i, raw));
+    float m[16];
+    for (std::size_t l = 0; l < 16; ++l) m[l] = d[i + l];
+    for (std::size_t j = 16; j < reduce_block; j += 16)
+      for (std::size_t l = 0; l < 16; ++l) m[l] = d[i + j + l] < m[l] ? d[i + j + l] : m[l];
+    for (std::size_t l = 0; l < 16; ++l) low = m[l] < low ? m[l] : low;
+  }
+  for (; i < n; ++i) {
+    sum += static_cast<double>(d[i]);
+    low = d[i] < low ? d[i] : low;
+  }
+  SPECDEC_CHECK(std::isfinite(sum) && low >= 0.0f, numerical, who, ": q row ", node,
+                " has NaN/Inf or negative entries");
+  SPECDEC_CHECK(std::abs(sum - 1.0) < 1e-3, numerical, who, ": q row ", node, " sums to ", sum,
+                ", not 1");
 }
 
 //! The committed history followed by the path to a node: what a penalty-aware policy sees when it
@@ -274,19 +315,15 @@ class path_history {
   bool copied_ = false;
 };
 
-//! Checks the shapes every verifier needs: a non-empty tree, `rows` == tree.size(), vocab >= 1.
-//! `full` runs `tree.validate(vocab)` (every q row with children is a finite distribution);
-//! otherwise only token ids and the q vocabulary are checked (rows are checked where read).
+//! Checks what every verifier needs up front: a non-empty tree, `rows` == tree.size(), vocab >= 1,
+//! every token id < vocab and, with q rows, their vocabulary. O(nodes): the rows themselves are
+//! checked where they are read (`draft_tree::validate` would read every q row, O(nodes x vocab)).
 inline void check_inputs(char const* who, draft_tree const& tree, std::size_t rows,
-                         std::size_t vocab, bool full) {
+                         std::size_t vocab) {
   SPECDEC_CHECK(!tree.empty(), invalid_argument, who, ": the draft tree is empty (no root)");
   SPECDEC_CHECK(vocab >= 1, invalid_argument, who, ": target rows have 0 columns (vocabulary 0)");
   SPECDEC_CHECK(rows == tree.size(), invalid_argument, who, ": ", rows,
                 " target rows for a draft tree of ", tree.size(), " nodes (one row per node)");
-  if (full) {
-    tree.validate(vocab);
-    return;
-  }
   for (std::size_t i = 0; i < tree.size(); ++i) {
     token_id const t = tree.token(static_cast<node_index>(i));
     SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range, who, ": node ", i,
@@ -307,6 +344,8 @@ inline void check_policy_token(token_id t, std::size_t vocab, char const* who, n
 //! extended by the path to the node), written into `buf`.
 template <class Policy>
 struct policy_rows {
+  //! q rows are validated where the walk uses them (the whole tree is not re-read).
+  static constexpr bool check_q = true;
   draft_tree const& tree;
   matrix_view<float const> logits;  //!< [tree.size(), vocab], row-major
   Policy const& policy;
@@ -320,6 +359,8 @@ struct policy_rows {
 
 //! Row source for the probability entry points: row `node` as given.
 struct given_rows {
+  //! The probability entry points trust q rows beyond the values they read.
+  static constexpr bool check_q = false;
   matrix_view<float const> probs;  //!< [tree.size(), vocab], row-major
 
   std::span<float const> operator()(node_index node, std::span<float> /*buf*/) const noexcept {
@@ -417,6 +458,7 @@ void sampling_walk(char const* who, draft_tree const& tree, Source const& rows, 
     node_index accepted = -1;
     if (tree.has_q()) {
       std::span<float const> const q = tree.q_row(node);
+      if constexpr (Source::check_q) check_q_row(q, who, node);
       for (; child >= 0; child = tree.next_sibling(child)) {
         token_id const x = tree.token(child);
         float const px = cur[static_cast<std::size_t>(x)];

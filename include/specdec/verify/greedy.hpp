@@ -48,14 +48,15 @@ class greedy_verifier {
   //! `history` is every committed token with the root last. Throws `errc::invalid_argument` when
   //! the policy is not greedy or the shapes disagree, `errc::out_of_range` for token ids >= vocab,
   //! `errc::numerical` for a non-finite logit at the greedy token (and whatever the policy throws
-  //! for NaN/Inf rows). On error `rng` is unchanged. Advances `rng` by tree.size().
+  //! for NaN/Inf rows; `sampler` and `greedy` throw `errc::numerical`). q rows are not read. On
+  //! error `rng` is unchanged. Advances `rng` by tree.size().
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
               std::span<token_id const> history, philox& rng, verify_result& out) {
     SPECDEC_CHECK(policy.is_greedy(), invalid_argument,
                   "greedy_verifier: the sampling policy is not greedy (use a sampling verifier, "
                   "e.g. speculative_sampling_verifier or tree_verifier)");
-    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols(), true);
+    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     prepare(tree, out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     detail::greedy_walk(name, tree, target_logits, policy, history_, out);
@@ -66,7 +67,7 @@ class greedy_verifier {
   //! the target token of a row is its argmax (ties to the lowest id). Same contract as `verify`.
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
                     verify_result& out) {
-    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols(), false);
+    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols());
     prepare(tree, out);
     detail::greedy_walk_probs(name, tree, target_probs, out);
     rng.skip(tree.size());

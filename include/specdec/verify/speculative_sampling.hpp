@@ -32,12 +32,13 @@
 //! then a scan that stops at the drawn token). A greedy policy (`is_greedy()`) takes the greedy
 //! path: one `greedy_token` per walked row, the same decisions as its one-hot distribution.
 //!
-//! Validation: `verify` runs `tree.validate(vocab)` (token ids < vocab; q rows with children are
-//! finite distributions) and checks that target_logits has one row per node; NaN/Inf logits are
-//! reported by the policy or by the checks on every value read, as `specdec::error`.
-//! `verify_probs` trusts that given rows are distributions: it checks token ids, shapes and every
-//! value it reads (gathered probabilities, and NaN/Inf in any row it passes over), but does not
-//! re-read whole q rows to validate them.
+//! Validation: token ids < vocab, one target row per node and the q vocabulary are checked up
+//! front; `verify` checks each q row the walk uses as `draft_tree::validate` would (finite, >= 0,
+//! sums to 1 within 1e-3) -- not the q rows of nodes the walk never reaches, which would cost a
+//! pass over the vocabulary per node -- and NaN/Inf logits are reported by the policy or by the
+//! checks on every value read. `verify_probs` trusts that given rows are distributions: it checks
+//! every value it reads (gathered probabilities, NaN/Inf in any row it passes over) but does not
+//! re-read whole q rows. Errors are `specdec::error`, never undefined behaviour.
 
 #include <cstddef>
 #include <cstdint>
@@ -76,7 +77,7 @@ class speculative_sampling_verifier {
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
               std::span<token_id const> history, philox& rng, verify_result& out) {
     check_chain(tree);
-    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols(), true);
+    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     if (policy.is_greedy()) {
@@ -93,7 +94,7 @@ class speculative_sampling_verifier {
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
                     verify_result& out) {
     check_chain(tree);
-    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols(), false);
+    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols());
     prepare(tree, target_probs.cols(), out);
     detail::sampling_walk(name, tree, detail::given_rows{target_probs}, rng, scratch_, out);
     rng.skip(tree.size());

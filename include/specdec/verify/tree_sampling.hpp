@@ -39,8 +39,8 @@
 //! A greedy policy takes the greedy path (one `greedy_token` per walked row), which makes the same
 //! decisions as its one-hot distribution.
 //!
-//! Validation: as `speculative_sampling_verifier` (`verify` runs `tree.validate(vocab)`;
-//! `verify_probs` checks token ids, shapes and every value it reads).
+//! Validation: as `speculative_sampling_verifier` (token ids, shapes and the q vocabulary up
+//! front; `verify` validates each q row the walk uses, `verify_probs` checks every value it reads).
 
 #include <cstddef>
 #include <cstdint>
@@ -77,7 +77,7 @@ class tree_verifier {
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
               std::span<token_id const> history, philox& rng, verify_result& out) {
-    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols(), true);
+    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     if (policy.is_greedy()) {
@@ -93,7 +93,7 @@ class tree_verifier {
   //! policy's distribution at node i). Same RNG contract.
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
                     verify_result& out) {
-    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols(), false);
+    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols());
     prepare(tree, target_probs.cols(), out);
     detail::sampling_walk(name, tree, detail::given_rows{target_probs}, rng, scratch_, out);
     rng.skip(tree.size());

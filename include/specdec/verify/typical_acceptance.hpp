@@ -92,7 +92,7 @@ class typical_acceptance_verifier {
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
               std::span<token_id const> history, philox& rng, verify_result& out) {
-    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols(), false);
+    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     if (policy.is_greedy()) {
@@ -108,7 +108,7 @@ class typical_acceptance_verifier {
   //! policy's distribution at node i). Same RNG contract.
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
                     verify_result& out) {
-    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols(), false);
+    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols());
     prepare(tree, target_probs.cols(), out);
     walk(tree, detail::given_rows{target_probs}, rng, out);
     rng.skip(tree.size());
