@@ -526,6 +526,24 @@ TEST_CASE("every top-k / top-p selection path agrees with the reference") {
       check(with([](auto& p) { p.min_p = 0.5f; }), l, where + " min_p 0.5");
     }
   }
+  // Rows that mislead the strided sample that places the first top-p thresholds: the sampled
+  // positions hold unusually large or small values, or a few spikes hold much of the mass.
+  for (std::size_t vocab : {32000u, 40000u}) {
+    std::size_t const ns = std::clamp<std::size_t>(vocab / 64, sd::detail::select_sample,
+                                                   sd::detail::select_sample_mass);
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<float> l = sampling_test::make_row(row_kind::flat, vocab, gen);
+      if (variant < 2) {
+        for (std::size_t j = 0; j < ns; ++j) l[j * vocab / ns] += variant == 0 ? 2.0f : -3.0f;
+      } else {
+        for (std::size_t j = 0; j < 3; ++j) l[(j * 7919 + 11) % vocab] = 10.5f;
+      }
+      std::string const where =
+          "vocab " + std::to_string(vocab) + " misleading sample " + std::to_string(variant);
+      for (float tp : {0.3f, 0.6f, 0.9f, 0.97f})
+        check(with([&](auto& p) { p.top_p = tp; }), l, where + " top_p " + std::to_string(tp));
+    }
+  }
   // Constant rows: every token ties.
   for (std::size_t vocab : {5u, 1000u, 32000u}) {
     std::vector<float> const l(vocab, 0.25f);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -416,6 +417,38 @@ struct top_p_result {
   double kept_mass = 0.0;  //!< mass of the kept entries
 };
 
+//! The end of a top-p selection once the first pass has set bracket `b`: gathers every entry
+//! >= lo when few enough (a complete list), else narrows the bracket and gathers it, or resolves
+//! ties when its ends are adjacent floats. `walk(count, base)` cuts the gathered list.
+template <class Walk>
+inline void finish_top_p(float const* e, std::size_t n, double target, bracket& b,
+                         select_scratch& s, Walk const& walk, top_p_result& r) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  if (b.c_lo <= static_cast<double>(select_gather_cap)) {
+    r.complete = true;
+    walk(s.gather(e, n, b.lo, inf, select_gather_cap), 0.0);
+    return;
+  }
+  bool const narrowed = narrow<true>(e, n, target, select_gather_cap, false, b);
+  if (b.c_lo <= static_cast<double>(select_gather_cap)) {
+    r.complete = true;
+    walk(s.gather(e, n, b.lo, inf, select_gather_cap), 0.0);
+    return;
+  }
+  auto const inside = static_cast<std::size_t>(b.c_lo - b.c_hi);
+  if (!narrowed) {
+    // lo and hi are adjacent floats: every entry of the bracket equals lo.
+    r.t = b.lo;
+    r.ties_total = inside;
+    double const need = r.t > 0.0f ? std::ceil((target - b.w_hi) / static_cast<double>(r.t))
+                                   : static_cast<double>(inside);
+    r.ties_kept = static_cast<std::size_t>(std::clamp(need, 1.0, static_cast<double>(inside)));
+    r.kept_mass = b.w_hi + static_cast<double>(r.ties_kept) * static_cast<double>(r.t);
+    return;
+  }
+  walk(s.gather(e, n, b.lo, b.hi, select_gather_cap), b.w_hi);
+}
+
 //! Top-p over unnormalised probabilities e[0..n) (>= 0, max exactly 1, sum `total`), p < 1:
 //! the shortest prefix, in order of e descending then id ascending, whose mass reaches
 //! p * total.
@@ -475,12 +508,48 @@ struct top_p_result {
     std::size_t cut = 0;
     while (cut + 1 < ns && c + static_cast<double>(s.sample[cut]) < sample_target)
       c += static_cast<double>(s.sample[cut++]);
-    long const offsets[K] = {40, 16, 6, 2, -2, -6, -16, -40};  // ascending values, per 512
-    for (long off512 : offsets) {
-      long const off = off512 * static_cast<long>(ns) / static_cast<long>(select_sample);
-      long const rank = std::clamp(static_cast<long>(cut) + off, 0L, static_cast<long>(ns) - 1);
-      float const v = s.sample[static_cast<std::size_t>(rank)];
-      if (v > 0.0f && (m == 0 || v > th[m - 1])) th[m++] = v;
+    // Four thresholds suffice here (half the work of a pass of eight): the estimate is good to
+    // a few percent of the entries, and the gaps next to it hold under `select_gather_cap`.
+    constexpr std::size_t K4 = select_thresholds / 2;
+    long const scale = static_cast<long>(ns) / static_cast<long>(select_sample);
+    // Thresholds at sampled ranks cut + off * ns / 512, ascending in value.
+    auto const at_ranks = [&](std::initializer_list<long> offs, float(&out)[K4]) {
+      std::size_t got = 0;
+      for (long off512 : offs) {
+        long const rank =
+            std::clamp(static_cast<long>(cut) + off512 * scale, 0L, static_cast<long>(ns) - 1);
+        float const v = s.sample[static_cast<std::size_t>(rank)];
+        if (v > 0.0f && (got == 0 || v > out[got - 1])) out[got++] = v;
+      }
+      return got;
+    };
+    float th4[K4];
+    std::size_t const m4 = at_ranks({12, 4, -4, -12}, th4);
+    if (m4 > 0) {
+      bracket b;
+      b.lo = 0.0f;  // every entry is >= 0
+      b.w_lo = total;
+      b.c_lo = static_cast<double>(n);
+      b.hi = std::nextafter(1.0f, 2.0f);
+      b.w_hi = b.c_hi = 0.0;
+      measure_and_narrow<true, K4>(e, n, th4, m4, target, b);
+      if (b.c_lo - b.c_hi > static_cast<double>(select_gather_cap)) {
+        // The estimate missed: one more sampled pass further out on the side of the cut.
+        std::size_t m2 = 0;
+        if (b.hi == th4[0])
+          m2 = at_ranks({160, 64, 32, 20}, th4);  // the cut is below every threshold
+        else if (b.lo == th4[m4 - 1])
+          m2 = at_ranks({-20, -32, -64, -160}, th4);  // above every threshold
+        for (std::size_t j = 0; j < m2; ++j) {        // keep those strictly inside the bracket
+          if (!(th4[j] > b.lo && th4[j] < b.hi)) {
+            m2 = 0;
+            break;
+          }
+        }
+        if (m2 > 0) measure_and_narrow<true, K4>(e, n, th4, m2, target, b);
+      }
+      finish_top_p(e, n, target, b, s, walk, r);
+      return r;
     }
   }
   if (m == 0) {
@@ -500,29 +569,7 @@ struct top_p_result {
   b.hi = std::nextafter(1.0f, 2.0f);
   b.w_hi = b.c_hi = 0.0;
   measure_and_narrow<true, K>(e, n, th, m, target, b);
-  if (b.c_lo <= static_cast<double>(select_gather_cap)) {
-    r.complete = true;
-    walk(s.gather(e, n, b.lo, inf, select_gather_cap), 0.0);
-    return r;
-  }
-  bool const narrowed = narrow<true>(e, n, target, select_gather_cap, false, b);
-  if (b.c_lo <= static_cast<double>(select_gather_cap)) {
-    r.complete = true;
-    walk(s.gather(e, n, b.lo, inf, select_gather_cap), 0.0);
-    return r;
-  }
-  auto const inside = static_cast<std::size_t>(b.c_lo - b.c_hi);
-  if (!narrowed) {
-    // lo and hi are adjacent floats: every entry of the bracket equals lo.
-    r.t = b.lo;
-    r.ties_total = inside;
-    double const need = r.t > 0.0f ? std::ceil((target - b.w_hi) / static_cast<double>(r.t))
-                                   : static_cast<double>(inside);
-    r.ties_kept = static_cast<std::size_t>(std::clamp(need, 1.0, static_cast<double>(inside)));
-    r.kept_mass = b.w_hi + static_cast<double>(r.ties_kept) * static_cast<double>(r.t);
-    return r;
-  }
-  walk(s.gather(e, n, b.lo, b.hi, select_gather_cap), b.w_hi);
+  finish_top_p(e, n, target, b, s, walk, r);
   return r;
 }
 
