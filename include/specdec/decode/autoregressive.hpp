@@ -63,6 +63,7 @@ class autoregressive_decoder {
     std::size_t const vocab = model.vocab_size();
     std::size_t const capacity = detail::context_capacity(model);
     detail::check_prompt(prompt, vocab, capacity, "autoregressive_decoder");
+    config_.validate(vocab);  // config() may have been edited since construction
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();

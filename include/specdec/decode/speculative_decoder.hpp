@@ -135,6 +135,8 @@ class speculative_decoder {
     std::size_t const vocab = target.vocab_size();
     std::size_t const capacity = detail::context_capacity(target);
     detail::check_prompt(prompt, vocab, capacity, "speculative_decoder");
+    config_.validate(vocab);  // config() may have been edited since construction
+    if (tree_.capacity() < config_.max_draft_nodes + 1) tree_.reserve(config_.max_draft_nodes + 1);
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
@@ -248,7 +250,7 @@ class speculative_decoder {
     out.stats.total_seconds = detail::seconds_since(request_start);
   }
 
-  //! The configuration (changes apply from the next request; keep max_draft_nodes unchanged).
+  //! The configuration (changes apply from the next request).
   [[nodiscard]] decode_config& config() noexcept { return config_; }
   [[nodiscard]] decode_config const& config() const noexcept { return config_; }
   //! The owned verifier.
