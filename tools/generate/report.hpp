@@ -1,0 +1,169 @@
+#pragma once
+// specdec-generate's output after generation: the statistics table, and the --json object.
+
+#include <cstddef>
+#include <cstdio>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "generate/json.hpp"
+#include "generate/strategies.hpp"
+#include "specdec/core/stats.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/decode/common.hpp"
+
+namespace generate {
+
+//! The autoregressive baseline of --compare and how it compares.
+struct comparison {
+  run_output baseline;                    //!< the baseline's request
+  std::optional<bool> identical;          //!< greedy only: whether the tokens are the same
+  std::optional<std::size_t> first_diff;  //!< greedy only: first differing index, if any
+  [[nodiscard]] double speedup(sd::request_stats const& s) const noexcept {
+    double const base = baseline.result.stats.tokens_per_second();
+    return base > 0.0 ? s.tokens_per_second() / base : 0.0;
+  }
+};
+
+//! Compares `run` with its baseline; `greedy` says whether identical outputs are required.
+inline comparison compare_runs(run_output const& run, run_output baseline, bool greedy) {
+  comparison c{std::move(baseline), std::nullopt, std::nullopt};
+  if (greedy) {
+    auto const& a = run.result.tokens;
+    auto const& b = c.baseline.result.tokens;
+    c.identical = a == b;
+    if (!*c.identical) {
+      std::size_t i = 0;
+      while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+      c.first_diff = i;
+    }
+  }
+  return c;
+}
+
+//! Acceptance at depth d + 1: of the steps whose draft reached that depth, the share whose
+//! accepted path reached it.
+inline std::vector<double> acceptance_by_depth(sd::request_stats const& s) {
+  std::vector<double> out;
+  for (std::size_t d = 0; d < s.drafted_at_depth.size(); ++d) {
+    std::size_t const acc = d < s.accepted_at_depth.size() ? s.accepted_at_depth[d] : 0;
+    out.push_back(s.drafted_at_depth[d] == 0
+                      ? 0.0
+                      : static_cast<double>(acc) / static_cast<double>(s.drafted_at_depth[d]));
+  }
+  return out;
+}
+
+namespace detail {
+
+inline double percent(double part, double whole) noexcept {
+  return whole > 0.0 ? 100.0 * part / whole : 0.0;
+}
+
+inline void row(std::FILE* f, char const* label, std::string const& value) {
+  std::fprintf(f, "  %-22s %s\n", label, value.c_str());
+}
+
+template <class... Args>
+std::string format(char const* fmt, Args... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+}  // namespace detail
+
+//! Prints the statistics table of `run` (and of the comparison) to `f`.
+inline void print_table(std::FILE* f, run_output const& run, comparison const* cmp) {
+  using detail::format;
+  using detail::row;
+  sd::request_stats const& s = run.result.stats;
+  std::fprintf(f, "\n-- %s; verifier: %s\n", run.description.c_str(), run.verifier.c_str());
+  row(f, "prompt", format("%zu tokens", s.prompt_tokens));
+  row(f, "generated",
+      format("%zu tokens (%s)", s.generated,
+             std::string(sd::to_string(run.result.reason)).c_str()));
+  row(f, "steps", format("%zu target forwards after the prefill", s.steps));
+  row(f, "drafted",
+      format("%zu tokens (%.2f per step, largest tree %zu)", s.drafted, s.mean_tree_size(),
+             s.max_tree_size));
+  row(f, "accepted", format("%zu tokens", s.accepted));
+  row(f, "acceptance rate", format("%.1f%% of drafted tokens", 100.0 * s.acceptance_rate()));
+  std::vector<double> const by_depth = acceptance_by_depth(s);
+  if (!by_depth.empty()) {
+    std::string line;
+    for (std::size_t d = 0; d < by_depth.size(); ++d) {
+      if (d > 0 && d % 8 == 0) line += "\n                         ";
+      line += format("%s%zu: %.0f%%", d % 8 == 0 ? "" : "  ", d + 1, 100.0 * by_depth[d]);
+    }
+    row(f, "acceptance by depth", line);
+  }
+  row(f, "mean accepted length",
+      format("%.2f tokens per step (accepted + 1)", s.mean_accepted_length()));
+  row(f, "throughput",
+      format("%.1f tokens/s (%.2f ms in all)", s.tokens_per_second(), 1e3 * s.total_seconds));
+  double const total = s.total_seconds;
+  double const other = total - s.prefill_seconds - s.propose_seconds - s.score_seconds -
+                       s.verify_seconds - s.commit_seconds;
+  row(f, "time shares",
+      format("propose %.1f%%  score %.1f%%  verify %.1f%%  commit %.1f%%",
+             detail::percent(s.propose_seconds, total), detail::percent(s.score_seconds, total),
+             detail::percent(s.verify_seconds, total), detail::percent(s.commit_seconds, total)));
+  row(f, "",
+      format("prefill %.1f%% (%.2f ms)  other %.1f%%", detail::percent(s.prefill_seconds, total),
+             1e3 * s.prefill_seconds, detail::percent(std::max(other, 0.0), total)));
+  if (cmp != nullptr) {
+    sd::request_stats const& b = cmp->baseline.result.stats;
+    row(f, "baseline",
+        format("autoregressive: %zu tokens, %.1f tokens/s (%.2f ms in all)", b.generated,
+               b.tokens_per_second(), 1e3 * b.total_seconds));
+    row(f, "speedup", format("%.2fx", cmp->speedup(s)));
+    if (cmp->identical.has_value()) {
+      row(f, "outputs identical",
+          *cmp->identical
+              ? std::string("yes (greedy)")
+              : format("NO: first difference at generated token %zu", cmp->first_diff.value_or(0)));
+    } else {
+      row(f, "outputs identical", "not expected (sampling; both follow the same distribution)");
+    }
+  }
+}
+
+//! The "stats" member of --json.
+inline std::string stats_json(run_output const& run, comparison const* cmp) {
+  sd::request_stats const& s = run.result.stats;
+  json_object o;
+  o.count("prompt_tokens", s.prompt_tokens)
+      .count("generated", s.generated)
+      .count("steps", s.steps)
+      .count("drafted", s.drafted)
+      .count("accepted", s.accepted)
+      .number("acceptance_rate", s.acceptance_rate())
+      .raw("drafted_at_depth", json_int_array(std::span<std::size_t const>(s.drafted_at_depth)))
+      .raw("accepted_at_depth", json_int_array(std::span<std::size_t const>(s.accepted_at_depth)));
+  std::string by_depth = "[";
+  for (double v : acceptance_by_depth(s))
+    by_depth += (by_depth.size() > 1 ? "," : "") + json_number(v);
+  by_depth += "]";
+  o.raw("acceptance_by_depth", by_depth)
+      .number("mean_accepted_length", s.mean_accepted_length())
+      .count("max_tree_size", s.max_tree_size)
+      .number("tokens_per_second", s.tokens_per_second())
+      .number("prefill_seconds", s.prefill_seconds)
+      .number("propose_seconds", s.propose_seconds)
+      .number("score_seconds", s.score_seconds)
+      .number("verify_seconds", s.verify_seconds)
+      .number("commit_seconds", s.commit_seconds)
+      .number("total_seconds", s.total_seconds);
+  if (cmp != nullptr) {
+    o.number("baseline_tokens_per_second", cmp->baseline.result.stats.tokens_per_second())
+        .number("baseline_total_seconds", cmp->baseline.result.stats.total_seconds)
+        .number("speedup", cmp->speedup(s));
+    if (cmp->identical.has_value()) o.boolean("outputs_identical", *cmp->identical);
+  }
+  return o.str();
+}
+
+}  // namespace generate
