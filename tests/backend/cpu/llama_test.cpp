@@ -102,6 +102,34 @@ TEST_CASE("cpu_llama: matches the double-precision reference forward") {
   }
 }
 
+TEST_CASE("cpu_llama: odd shapes (head size 6, rows not a multiple of the vector width)") {
+  sd::llama_config c;
+  c.dim = 36;
+  c.hidden_dim = 50;
+  c.n_layers = 2;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.vocab_size = 41;
+  c.seq_len = 32;
+  c.shared_classifier = false;
+  auto w = st::random_llama(c, 71);
+  auto const tokens = random_tokens(9, 41, 12);
+  auto const ref = st::reference_logits(*w, tokens);
+  sd::cpu_llama m(w, {.threads = 2});
+  auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
+  for (std::size_t t = 0; t < tokens.size(); ++t)
+    CHECK(st::row_error(batched.data() + t * 41, ref.data() + t * 41, 41) < 1e-4);
+  CHECK(batched == sequential(m, tokens));
+}
+
+TEST_CASE("cpu_llama: a prefill longer than one token block equals token-by-token decoding") {
+  auto w = st::random_llama(st::tiny_config(true), 81);
+  auto const tokens = random_tokens(90, 75, 13);
+  sd::cpu_llama m(w, {.threads = 2, .batch_capacity = 8});
+  auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
+  CHECK(batched == sequential(m, tokens));
+}
+
 TEST_CASE("cpu_llama: results do not depend on the number of threads") {
   auto w = st::random_llama(st::tiny_config(), 5);
   auto const tokens = random_tokens(40, 75, 9);
