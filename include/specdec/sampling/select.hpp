@@ -6,10 +6,14 @@
 //! Both find a cut value t and how many entries equal to t to keep (the lowest ids), such that
 //! the kept set is {x > t} plus those ties. The search keeps a bracket [lo, hi) that contains t:
 //! the weight (count or mass) of the entries >= lo reaches the target and that of the entries
-//! >= hi does not. Each pass over the row measures the weight at `select_thresholds` thresholds
-//! inside the bracket (one vectorised pass, no sort) and narrows the bracket to one gap; once
-//! the bracket holds few entries they are gathered and sorted. Typical rows need one or two
-//! passes; the number of passes is bounded by the float bit width.
+//! >= hi does not. Each pass over the row measures the weight at up to `select_thresholds`
+//! thresholds at once (one vectorised pass, no sort) and narrows the bracket to one gap. The
+//! first thresholds come from a strided sample of the row (top-k; top-p on rows whose mass the
+//! sample accounts for) or from a geometric ladder below the maximum (top-p on peaked rows);
+//! later ones from a model of the bracket, or evenly spaced when the model misses. Once the
+//! bracket holds at most `select_gather_cap` entries they are gathered and the cut is found by
+//! a (weighted) quickselect. Typical rows need one pass; the number of passes is bounded because
+//! even spacing divides the bracket's float range by 9 per pass.
 
 #include <algorithm>
 #include <bit>
