@@ -231,10 +231,24 @@ inline void row_tile(float const* w, std::size_t ldw, float const* x, std::size_
       if (n == 1) block_tile<R, 1, true>(args, k0, k1);
       continue;
     }
+    // A single token left over joins the last full tile (T = 5 still fits the AVX-512 registers)
+    // rather than taking a pass of its own.
+    std::size_t const merge = tile_tokens == 4 && n % tile_tokens == 1 ? 1 : 0;
+    std::size_t const full = n / tile_tokens - merge;  // plain full tiles
+    if (full == 0) {
+      if constexpr (tile_tokens == 4) block_tile<R, 5, true>(args, k0, k1);
+      continue;
+    }
     block_tile<R, tile_tokens, true>(args, k0, k1);
     std::size_t t = tile_tokens;
-    for (; t + tile_tokens <= n; t += tile_tokens)
+    for (; t < full * tile_tokens; t += tile_tokens)
       block_tile<R, tile_tokens, false>(at_token(args, t), k0, k1);
+    if constexpr (tile_tokens == 4) {
+      if (merge != 0) {
+        block_tile<R, 5, false>(at_token(args, t), k0, k1);
+        continue;
+      }
+    }
     std::size_t const rest = n - t;
     if constexpr (tile_tokens > 3) {
       if (rest == 3) block_tile<R, 3, false>(at_token(args, t), k0, k1);
