@@ -68,13 +68,16 @@ sd::tokenizer load_vocabulary(options const& o) {
   return sd::load_tokenizer(o.model, path);
 }
 
-//! Streams committed tokens to stdout, flushing at most every 25 ms (a flush per token would
-//! cost more than a forward of a small model).
+//! Streams committed tokens to stdout after the prompt text (written with the first token, so
+//! that a request failing before its first token leaves stdout empty), flushing at most every
+//! 25 ms (a flush per token would cost more than a forward of a small model).
 class text_stream {
  public:
-  text_stream(sd::tokenizer const& tok, sd::token_id previous) : tok_(&tok), previous_(previous) {}
+  text_stream(sd::tokenizer const& tok, std::string const& prompt, sd::token_id previous)
+      : tok_(&tok), prompt_(&prompt), previous_(previous) {}
 
   bool operator()(sd::token_id t) {
+    if (!started_) start();
     std::string_view const piece = tok_->decode(previous_, t);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     previous_ = t;
@@ -86,9 +89,23 @@ class text_stream {
     return true;
   }
 
+  //! Writes the prompt text if no token did, then ends the line.
+  void finish() {
+    if (!started_) start();
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
  private:
+  void start() {
+    std::fwrite(prompt_->data(), 1, prompt_->size(), stdout);
+    started_ = true;
+  }
+
   sd::tokenizer const* tok_;
+  std::string const* prompt_;
   sd::token_id previous_;
+  bool started_ = false;
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
 
@@ -130,17 +147,12 @@ int run(options const& o) {
 
   sd::cpu_llama target(weights, {.threads = opt.threads, .max_context = opt.context});
   session s{opt, weights, target, prompt, config, sd::sampler(params), {}};
-  if (!opt.json) {
-    s.on_token = text_stream(tok, prompt.back());
-    std::fwrite(prompt_text.data(), 1, prompt_text.size(), stdout);
-    std::fflush(stdout);
-  }
+  // The callback holds the stream by pointer: the decoder copies the std::function.
+  text_stream stream(tok, prompt_text, prompt.back());
+  if (!opt.json) s.on_token = [&stream](sd::token_id t) { return stream(t); };
 
   run_output const out = find_strategy(opt.strategy).run(s);
-  if (!opt.json) {
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
+  if (!opt.json) stream.finish();
 
   std::optional<comparison> cmp;
   if (opt.compare) {

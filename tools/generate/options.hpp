@@ -28,10 +28,10 @@ class usage_error : public std::runtime_error {
 
 //! Everything the command line sets. Defaults are the documented ones (see `help_text`).
 struct options {
-  std::string model;                       //!< --model: the target (llama2.c or GGUF)
-  std::optional<std::string> tokenizer;    //!< --tokenizer: tokenizer.bin or GGUF vocabulary
-  std::optional<std::string> draft;        //!< --draft: the draft model (--strategy draft)
-  std::string strategy = "draft";          //!< --strategy
+  std::string model;                     //!< --model: the target (llama2.c or GGUF)
+  std::optional<std::string> tokenizer;  //!< --tokenizer: tokenizer.bin or GGUF vocabulary
+  std::optional<std::string> draft;      //!< --draft: the draft model (--strategy draft)
+  std::string strategy;  //!< --strategy (default: draft with --draft, else prompt-lookup)
   std::optional<std::string> prompt;       //!< --prompt TEXT
   std::optional<std::string> prompt_file;  //!< --prompt-file FILE
   std::size_t max_new_tokens = 128;        //!< -n
@@ -84,7 +84,8 @@ model:
   --context N             positions of the KV caches (default: the model's seq_len)
 
 strategy:
-  --strategy NAME         autoregressive | draft | prompt-lookup | layer-skip (default draft)
+  --strategy NAME         autoregressive | draft | prompt-lookup | layer-skip (default: draft
+                          when --draft is given, else prompt-lookup)
   -k N                    draft length per step; for prompt-lookup the tree depth (default 4)
   --draft PATH            the draft model of --strategy draft (same vocabulary as the target)
   --skip-layers LIST      layers the layer-skip draft skips, e.g. 2 or 1,3 (default: the middle
@@ -287,6 +288,7 @@ inline options parse_options(std::span<char const* const> args) {
     }
   }
 
+  if (o.strategy.empty()) o.strategy = o.draft ? "draft" : "prompt-lookup";
   if (o.model.empty()) throw usage_error("no model (--model PATH)");
   if (o.prompt.has_value() == o.prompt_file.has_value())
     throw usage_error(o.prompt ? "give --prompt or --prompt-file, not both"

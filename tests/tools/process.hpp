@@ -1,0 +1,92 @@
+#pragma once
+// Runs a program with arguments (no shell), capturing its exit status, stdout and stderr through
+// files in a per-process temporary directory.
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace tools_test {
+
+//! What a finished process left behind.
+struct process_result {
+  int status = -1;  //!< exit status, or -1 when it did not exit normally
+  std::string out;  //!< everything written to stdout
+  std::string err;  //!< everything written to stderr
+};
+
+//! A directory for this test process's files, created on first use, removed at exit.
+inline std::filesystem::path const& scratch_dir() {
+  struct dir {
+    std::filesystem::path path;
+    dir() {
+      path = std::filesystem::temp_directory_path() /
+             ("specdec_tools_test_" + std::to_string(::getpid()));
+      std::filesystem::create_directories(path);
+    }
+    ~dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static dir const d;
+  return d.path;
+}
+
+//! The whole content of `path`.
+inline std::string read_file(std::filesystem::path const& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+//! Writes `content` to `path`.
+inline void write_file(std::filesystem::path const& path, std::string const& content) {
+  std::ofstream out(path, std::ios::binary);
+  out << content;
+}
+
+//! Runs `program` with `args` and waits for it.
+inline process_result run_process(std::string const& program,
+                                  std::vector<std::string> const& args) {
+  static int counter = 0;
+  std::string const stem = (scratch_dir() / ("run" + std::to_string(counter++))).string();
+  std::string const out_path = stem + ".out", err_path = stem + ".err";
+
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (auto const& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid = 0;
+  int const rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE_MESSAGE(rc == 0, "cannot start " << program);
+  int wstatus = 0;
+  REQUIRE(::waitpid(pid, &wstatus, 0) == pid);
+  process_result r;
+  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
+  std::filesystem::remove(out_path);
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+}  // namespace tools_test
