@@ -1,0 +1,614 @@
+// bench_e2e: end-to-end speculative decoding on the CPU, every figure against the autoregressive
+// baseline measured in the same run.
+//
+// 1. The stories260K fixture: over the 14 prompts of tinystories_prompts.jsonl, 128 new tokens
+//    each, greedy and temperature 1, each strategy (draft model, prompt lookup as a chain and as a
+//    tree, layer skip) and the autoregressive baseline, prompt by prompt in turn: tokens/s of
+//    both, speedup, mean accepted length, and the library's own overhead -- all decode time not
+//    spent in model forwards (target and draft), as a share of the decode-step time. Forward time
+//    is counted by `timed_lm`, an adapter around the model that satisfies causal_lm.
+// 2. Controlled acceptance: a random-weight target of the stories110M shape (dim 768, hidden 2048,
+//    12 layers, 12 heads, vocabulary 32000) and an oracle proposer that drafts the target's own
+//    greedy continuation (computed once by the baseline run), corrupting each drafted token with
+//    probability 1 - a, so that each draft token is accepted with probability a given its
+//    predecessors were; a = 0.5, 0.7, 0.9, k = 4, greedy. The measured speedup is printed next to
+//    the prediction from separately measured costs: E[accepted + 1] x T_autoregressive /
+//    (T_draft + T_verify), with T_autoregressive the baseline's time per token, T_verify the time
+//    of one target forward over k + 1 tokens timed on its own, T_draft the oracle's propose time
+//    timed on its own, and E[accepted + 1] the measured mean accepted length.
+//
+// After the benchmarks a summary table is printed with the bars: library overhead <= 5% of step
+// time, measured speedup within 10% of the prediction, speedup >= 2.5x at acceptance 0.9.
+//
+// Run (Release): build/<dir>/benchmarks/bench_e2e [--benchmark_filter=fixture|controlled]
+// Environment: SPECDEC_MODEL_DIR, SPECDEC_DATA_DIR (default ../shared/{models,data} next to the
+// repository), SPECDEC_BENCH_THREADS (threads of the stories110M-shape model; default: all
+// cores), SPECDEC_BENCH_TOKENS (new tokens of the controlled scenario; default 128).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "specdec/backend/cpu/llama.hpp"
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/forward.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/decode/autoregressive.hpp"
+#include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/load.hpp"
+#include "specdec/model/random.hpp"
+#include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/layer_skip.hpp"
+#include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/sampling/policy.hpp"
+#include "specdec/verify/greedy.hpp"
+#include "specdec/verify/speculative_sampling.hpp"
+#include "specdec/verify/tree_sampling.hpp"
+
+namespace sd = specdec;
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Forward timing.
+
+//! Time a model spent in forwards.
+struct forward_clock {
+  double seconds = 0.0;             //!< all forwards
+  double from_empty_seconds = 0.0;  //!< forwards made with an empty cache (the target's prefill)
+  std::size_t calls = 0;
+};
+
+//! A causal_lm that forwards to the Model it owns and times every forward.
+template <class Model>
+class timed_lm {
+ public:
+  //! Builds the owned model from `args`.
+  template <class... Args>
+  requires std::constructible_from<Model, Args&&...>
+  explicit timed_lm(Args&&... args) : model_(std::forward<Args>(args)...) {}
+
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return model_.vocab_size(); }
+  [[nodiscard]] std::size_t max_context() const noexcept { return model_.max_context(); }
+  [[nodiscard]] std::size_t hidden_size() const noexcept { return model_.hidden_size(); }
+  [[nodiscard]] decltype(auto) cache() noexcept { return model_.cache(); }
+  [[nodiscard]] decltype(auto) cache() const noexcept { return model_.cache(); }
+
+  //! The owned model's forward, timed.
+  void forward(sd::forward_request const& req, sd::forward_result& out) {
+    bool const empty = model_.cache().size() == 0;
+    auto const t0 = std::chrono::steady_clock::now();
+    model_.forward(req, out);
+    double const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock_.seconds += s;
+    if (empty) clock_.from_empty_seconds += s;
+    ++clock_.calls;
+  }
+
+  [[nodiscard]] forward_clock const& clock() const noexcept { return clock_; }
+  [[nodiscard]] Model& model() noexcept { return model_; }
+
+ private:
+  Model model_;
+  forward_clock clock_;
+};
+
+using timed_cpu = timed_lm<sd::cpu_llama>;
+static_assert(sd::causal_lm<timed_cpu>);
+
+// ---------------------------------------------------------------------------------------------
+// Inputs.
+
+fs::path shared_dir(char const* var, char const* sub) {
+  if (char const* v = std::getenv(var); v != nullptr && *v != '\0') return v;
+  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / sub;
+}
+
+fs::path require(fs::path const& p) {
+  if (!fs::exists(p)) {
+    std::fprintf(stderr, "bench_e2e: missing %s (set SPECDEC_MODEL_DIR / SPECDEC_DATA_DIR)\n",
+                 p.string().c_str());
+    std::exit(1);
+  }
+  return p;
+}
+
+std::size_t env_count(char const* var, std::size_t fallback) {
+  char const* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long const n = std::strtoull(v, &end, 10);
+  return end != v && *end == '\0' && n > 0 ? static_cast<std::size_t>(n) : fallback;
+}
+
+//! The fixture: weights, tokenizer, the encoded prompts, and the trained draft when present.
+struct fixture {
+  std::shared_ptr<sd::llama_weights const> weights;
+  std::shared_ptr<sd::llama_weights const> draft;  //!< tools/draft/stories_draft.bin, or null
+  std::vector<std::vector<sd::token_id>> prompts;
+
+  static fixture const& get() {
+    static fixture const f = [] {
+      fixture x;
+      fs::path const models = shared_dir("SPECDEC_MODEL_DIR", "models");
+      fs::path const data = shared_dir("SPECDEC_DATA_DIR", "data");
+      x.weights = std::make_shared<sd::llama_weights const>(
+          sd::load_model(require(models / "stories260K.bin")));
+      sd::tokenizer const tok =
+          sd::load_tokenizer(models / "stories260K.bin", require(models / "tok512.bin"));
+      fs::path const draft =
+          fs::path(__FILE__).parent_path().parent_path() / "tools" / "draft" / "stories_draft.bin";
+      if (fs::exists(draft))
+        x.draft = std::make_shared<sd::llama_weights const>(sd::load_model(draft));
+      std::ifstream in(require(data / "tinystories_prompts.jsonl"));
+      std::string line;
+      while (std::getline(in, line)) {
+        // The "prompt" field; the prompts hold no escapes other than \" and \\ (checked below).
+        std::size_t const key = line.find("\"prompt\": \"");
+        if (key == std::string::npos) continue;
+        std::string text;
+        for (std::size_t i = key + 11; i < line.size() && line[i] != '"'; ++i) {
+          if (line[i] == '\\' && i + 1 < line.size()) ++i;
+          text += line[i];
+        }
+        x.prompts.push_back(tok.encode(text, true));
+      }
+      if (x.prompts.size() != 14) {
+        std::fprintf(stderr, "bench_e2e: expected 14 prompts, read %zu\n", x.prompts.size());
+        std::exit(1);
+      }
+      return x;
+    }();
+    return f;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Accumulated results.
+
+//! Sums over requests of one decoder.
+struct totals {
+  std::size_t generated = 0, steps = 0, drafted = 0, accepted = 0;
+  double seconds = 0.0;          //!< wall time, prefill included
+  double decode_seconds = 0.0;   //!< wall time after the prefill
+  double forward_seconds = 0.0;  //!< model forward time after the prefill (target + draft)
+
+  void add(sd::request_stats const& s, double forwards) {
+    generated += s.generated;
+    steps += s.steps;
+    drafted += s.drafted;
+    accepted += s.accepted;
+    seconds += s.total_seconds;
+    decode_seconds += s.total_seconds - s.prefill_seconds;
+    forward_seconds += forwards;
+  }
+  [[nodiscard]] double tokens_per_second() const {
+    return seconds > 0 ? static_cast<double>(generated) / seconds : 0.0;
+  }
+  [[nodiscard]] double decode_tokens_per_second() const {
+    return decode_seconds > 0 ? static_cast<double>(generated) / decode_seconds : 0.0;
+  }
+  [[nodiscard]] double mean_accepted_length() const {
+    return steps > 0 ? static_cast<double>(accepted + steps) / static_cast<double>(steps) : 0.0;
+  }
+  //! Share of the decode time not spent in model forwards.
+  [[nodiscard]] double overhead() const {
+    return decode_seconds > 0 ? std::max(0.0, decode_seconds - forward_seconds) / decode_seconds
+                              : 0.0;
+  }
+};
+
+//! One row of the summary table.
+struct fixture_row {
+  std::string name;
+  totals spec, base;
+};
+struct controlled_row {
+  double acceptance = 0.0;
+  double expected_length = 0.0;  //!< (1 - a^(k+1)) / (1 - a)
+  totals spec, base;
+  double t_ar = 0.0, t_draft = 0.0, t_verify = 0.0;
+  double measured = 0.0, predicted = 0.0;
+};
+std::vector<fixture_row> fixture_rows;
+std::vector<controlled_row> controlled_rows;
+
+//! Forward time of a request after its prefill: the target's minus its empty-cache forwards,
+//! plus every forward of the draft.
+double step_forwards(forward_clock const& target_before, forward_clock const& target_after,
+                     forward_clock const* draft_before, forward_clock const* draft_after) {
+  double s = (target_after.seconds - target_before.seconds) -
+             (target_after.from_empty_seconds - target_before.from_empty_seconds);
+  if (draft_before != nullptr) s += draft_after->seconds - draft_before->seconds;
+  return s;
+}
+
+void set_counters(benchmark::State& state, totals const& spec, totals const& base) {
+  state.counters["tok_per_s"] = spec.tokens_per_second();
+  state.counters["base_tok_per_s"] = base.tokens_per_second();
+  state.counters["speedup"] =
+      base.tokens_per_second() > 0 ? spec.tokens_per_second() / base.tokens_per_second() : 0.0;
+  state.counters["mean_acc_len"] = spec.mean_accepted_length();
+  state.counters["acc_rate"] =
+      spec.drafted > 0 ? static_cast<double>(spec.accepted) / static_cast<double>(spec.drafted)
+                       : 0.0;
+  state.counters["overhead_pct"] = 100.0 * spec.overhead();
+  state.counters["base_overhead_pct"] = 100.0 * base.overhead();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The fixture.
+
+constexpr std::size_t fixture_tokens = 128;
+constexpr std::size_t fixture_k = 4;
+
+sd::sampler make_policy(bool greedy) {
+  sd::sampling_params p;
+  p.temperature = greedy ? 0.0f : 1.0f;
+  return sd::sampler(p);
+}
+
+sd::decode_config fixture_config(std::size_t max_draft_nodes) {
+  sd::decode_config c;
+  c.max_new_tokens = fixture_tokens;
+  c.max_draft_nodes = max_draft_nodes;
+  return c;  // no EOS: every request generates exactly fixture_tokens
+}
+
+//! Runs every prompt through the baseline and through `decoder` in turn, `state` iterations.
+template <class Decoder>
+void run_fixture(benchmark::State& state, std::string const& name, timed_cpu& target,
+                 Decoder& decoder, forward_clock const* draft_clock, bool greedy) {
+  fixture const& f = fixture::get();
+  sd::autoregressive_decoder baseline(target, make_policy(greedy), fixture_config(0));
+  totals spec, base;
+  sd::decode_result r;
+  for (auto _ : state) {
+    for (std::size_t i = 0; i < f.prompts.size(); ++i) {
+      baseline.config().seed = i;
+      decoder.config().seed = i;
+      forward_clock t0 = target.clock();
+      baseline.generate(f.prompts[i], r);
+      base.add(r.stats, step_forwards(t0, target.clock(), nullptr, nullptr));
+      t0 = target.clock();
+      forward_clock const d0 = draft_clock != nullptr ? *draft_clock : forward_clock{};
+      decoder.generate(f.prompts[i], r);
+      spec.add(r.stats,
+               step_forwards(t0, target.clock(), draft_clock ? &d0 : nullptr, draft_clock));
+    }
+  }
+  set_counters(state, spec, base);
+  fixture_rows.push_back({name, spec, base});
+}
+
+sd::cpu_llama_options one_thread() {
+  return {.threads = 1};
+}
+
+template <sd::draft_mode M>
+using chain_verifier = std::conditional_t<M == sd::draft_mode::greedy, sd::greedy_verifier,
+                                          sd::speculative_sampling_verifier>;
+
+template <sd::draft_mode M>
+void bench_draft(benchmark::State& state) {
+  fixture const& f = fixture::get();
+  if (f.draft == nullptr) {
+    state.SkipWithError("tools/draft/stories_draft.bin not found");
+    return;
+  }
+  constexpr bool greedy = M == sd::draft_mode::greedy;
+  timed_cpu target(f.weights, one_thread());
+  timed_cpu draft(f.draft, one_thread());
+  sd::draft_model_proposer<timed_cpu, sd::sampler, M> proposer(draft, target, make_policy(greedy),
+                                                               {.k = fixture_k});
+  sd::speculative_decoder decoder(target, proposer, chain_verifier<M>{}, make_policy(greedy),
+                                  fixture_config(fixture_k));
+  run_fixture(state, std::string("draft model k=4, ") + (greedy ? "greedy" : "temp 1"), target,
+              decoder, &draft.clock(), greedy);
+}
+
+template <sd::draft_mode M>
+void bench_layer_skip(benchmark::State& state) {
+  fixture const& f = fixture::get();
+  constexpr bool greedy = M == sd::draft_mode::greedy;
+  timed_cpu target(f.weights, one_thread());
+  sd::layer_skip_proposer<timed_cpu, sd::sampler, M> proposer(
+      {.skip_layers = {2}, .draft = {.k = fixture_k}}, make_policy(greedy), f.weights,
+      one_thread());
+  sd::speculative_decoder decoder(target, proposer, chain_verifier<M>{}, make_policy(greedy),
+                                  fixture_config(fixture_k));
+  run_fixture(state, std::string("layer skip {2} k=4, ") + (greedy ? "greedy" : "temp 1"), target,
+              decoder, &proposer.model().clock(), greedy);
+}
+
+void bench_prompt_lookup(benchmark::State& state, std::size_t branches, bool greedy) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  sd::prompt_lookup_proposer proposer(
+      {.n_max = 3, .n_min = 1, .k = fixture_k, .max_branches = branches});
+  std::string const name = std::string("prompt lookup ") +
+                           (branches > 1 ? "tree x" + std::to_string(branches) : "chain") +
+                           " k=4, " + (greedy ? "greedy" : "temp 1");
+  if (greedy) {
+    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
+                                    fixture_config(fixture_k * branches));
+    run_fixture(state, name, target, decoder, nullptr, true);
+  } else {
+    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
+                                    fixture_config(fixture_k * branches));
+    run_fixture(state, name, target, decoder, nullptr, false);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Controlled acceptance.
+
+constexpr std::size_t controlled_k = 4;
+
+//! Drafts the target's own greedy continuation `sequence` (prompt included), each drafted token
+//! replaced by another one with probability 1 - acceptance (its own Philox stream).
+class oracle_proposer {
+ public:
+  static constexpr bool produces_trees = false;
+  static constexpr bool samples_drafts = false;
+  static constexpr bool needs_target_hidden = false;
+
+  oracle_proposer(std::vector<sd::token_id> sequence, std::size_t k, double acceptance,
+                  std::size_t vocab, std::uint64_t seed)
+      : sequence_(std::move(sequence)),
+        k_(k),
+        acceptance_(acceptance),
+        vocab_(vocab),
+        seed_(seed) {}
+
+  void begin(std::span<sd::token_id const>) { rng_ = sd::philox(seed_, 0, 0); }
+
+  void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
+    tree.reset(ctx.tokens.back());
+    std::size_t const t = ctx.tokens.size();
+    SPECDEC_CHECK(t <= sequence_.size() && sequence_[t - 1] == ctx.tokens.back(), internal,
+                  "oracle_proposer: the committed tokens left the greedy continuation at ", t);
+    std::size_t const n = std::min({k_, ctx.max_nodes, sequence_.size() - t});
+    sd::node_index parent = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      sd::token_id token = sequence_[t + i];
+      if (static_cast<double>(rng_.uniform()) >= acceptance_) {
+        auto const shift = 1 + rng_.next_u32() % static_cast<std::uint32_t>(vocab_ - 1);
+        token = static_cast<sd::token_id>((static_cast<std::size_t>(token) + shift) % vocab_);
+      }
+      parent = tree.add_node(parent, token);
+    }
+  }
+
+  void accept(sd::verify_result const&) noexcept {}
+
+ private:
+  std::vector<sd::token_id> sequence_;
+  std::size_t k_;
+  double acceptance_;
+  std::size_t vocab_;
+  std::uint64_t seed_;
+  sd::philox rng_{0};
+};
+
+//! The stories110M-shape random target, built once.
+std::shared_ptr<sd::llama_weights const> const& stories110m() {
+  static std::shared_ptr<sd::llama_weights const> const w = [] {
+    sd::llama_config c;
+    c.dim = 768;
+    c.hidden_dim = 2048;
+    c.n_layers = 12;
+    c.n_heads = 12;
+    c.n_kv_heads = 12;
+    c.vocab_size = 32000;
+    c.seq_len = 1024;
+    c.shared_classifier = true;
+    return std::make_shared<sd::llama_weights const>(sd::make_random_llama(c, 110, 0.02f));
+  }();
+  return w;
+}
+
+std::size_t bench_threads() {
+  return env_count("SPECDEC_BENCH_THREADS",
+                   std::max<std::size_t>(1, std::thread::hardware_concurrency()));
+}
+
+//! Median of `samples` seconds of `f()`.
+template <class F>
+double median_seconds(std::size_t samples, F&& f) {
+  std::vector<double> t;
+  for (std::size_t i = 0; i < samples; ++i) {
+    auto const t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void bench_controlled(benchmark::State& state, double acceptance) {
+  std::size_t const new_tokens = env_count("SPECDEC_BENCH_TOKENS", 128);
+  timed_cpu target(stories110m(), sd::cpu_llama_options{.threads = bench_threads()});
+  std::vector<sd::token_id> const prompt = fixture::get().prompts[0];
+  sd::decode_config config;
+  config.max_new_tokens = new_tokens;
+  config.max_draft_nodes = controlled_k;
+  sd::autoregressive_decoder baseline(target, sd::greedy{}, config);
+  controlled_row row;
+  row.acceptance = acceptance;
+  row.expected_length = (1.0 - std::pow(acceptance, controlled_k + 1)) / (1.0 - acceptance);
+  sd::decode_result r;
+  for (auto _ : state) {
+    forward_clock t0 = target.clock();
+    baseline.generate(prompt, r);
+    row.base.add(r.stats, step_forwards(t0, target.clock(), nullptr, nullptr));
+    std::vector<sd::token_id> sequence = prompt;
+    sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
+
+    oracle_proposer oracle(sequence, controlled_k, acceptance, target.vocab_size(), 2024);
+    sd::speculative_decoder decoder(target, oracle, sd::greedy_verifier{}, sd::greedy{}, config);
+    t0 = target.clock();
+    decoder.generate(prompt, r);
+    row.spec.add(r.stats, step_forwards(t0, target.clock(), nullptr, nullptr));
+    if (std::vector<sd::token_id>(sequence.begin() + static_cast<long>(prompt.size()),
+                                  sequence.end()) != r.tokens)
+      state.SkipWithError("speculative output differs from the greedy baseline");
+
+    // Costs measured on their own: a target forward over k + 1 tokens (root + a drafted chain)
+    // in the middle of the sequence, and the oracle's propose.
+    std::size_t const base = prompt.size() + new_tokens / 2;
+    auto& model = target.model();
+    model.cache().truncate(0);
+    std::vector<sd::position_t> positions(base - 1);
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      positions[i] = static_cast<sd::position_t>(i);
+    sd::forward_result out;
+    model.forward(
+        {.tokens = std::span<sd::token_id const>(sequence).first(base - 1), .positions = positions},
+        out);
+    sd::draft_tree tree = sd::draft_tree::chain(
+        sequence[base - 1], std::span<sd::token_id const>(sequence).subspan(base, controlled_k));
+    std::vector<sd::position_t> chain_positions(controlled_k + 1);
+    for (std::size_t i = 0; i <= controlled_k; ++i)
+      chain_positions[i] = static_cast<sd::position_t>(base - 1 + i);
+    sd::forward_request const verify_req{.tokens = tree.tokens(),
+                                         .positions = chain_positions,
+                                         .mask = tree.mask(),
+                                         .mask_stride = tree.mask_stride()};
+    row.t_verify = median_seconds(7, [&] {
+      model.forward(verify_req, out);
+      model.cache().truncate(base - 1);
+    });
+    sd::philox rng(1, 0, 0);
+    sd::propose_context ctx;
+    ctx.tokens = std::span<sd::token_id const>(sequence).first(base);
+    ctx.max_nodes = controlled_k;
+    ctx.rng = &rng;
+    oracle.begin(prompt);
+    row.t_draft = median_seconds(7,
+                                 [&] {
+                                   for (int i = 0; i < 100; ++i) oracle.propose(ctx, tree);
+                                 }) /
+                  100.0;
+  }
+  row.t_ar = row.base.decode_seconds / static_cast<double>(row.base.steps);
+  row.measured = row.spec.decode_tokens_per_second() / row.base.decode_tokens_per_second();
+  row.predicted = row.spec.mean_accepted_length() * row.t_ar / (row.t_draft + row.t_verify);
+  set_counters(state, row.spec, row.base);
+  state.counters["measured_speedup"] = row.measured;
+  state.counters["predicted_speedup"] = row.predicted;
+  state.counters["T_ar_ms"] = 1e3 * row.t_ar;
+  state.counters["T_verify_ms"] = 1e3 * row.t_verify;
+  controlled_rows.push_back(row);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary.
+
+char const* verdict(bool ok) {
+  return ok ? "ok" : "MISSED";
+}
+
+void print_summary() {
+  if (!fixture_rows.empty()) {
+    std::printf(
+        "\nstories260K fixture: 14 prompts x %zu new tokens, k = %zu, 1 thread; the baseline ran "
+        "prompt by prompt in turn\nwith each strategy. overhead = decode time outside model "
+        "forwards (target + draft) / decode time.\n\n",
+        fixture_tokens, fixture_k);
+    std::printf("%-36s %10s %10s %8s %9s %9s %10s %9s\n", "strategy", "tok/s", "base tok/s",
+                "speedup", "acc.len", "acc.rate", "overhead", "<= 5%");
+    for (fixture_row const& r : fixture_rows) {
+      double const rate = r.spec.drafted > 0 ? static_cast<double>(r.spec.accepted) /
+                                                   static_cast<double>(r.spec.drafted)
+                                             : 0.0;
+      std::printf("%-36s %10.0f %10.0f %7.2fx %9.2f %8.1f%% %9.1f%% %9s\n", r.name.c_str(),
+                  r.spec.tokens_per_second(), r.base.tokens_per_second(),
+                  r.spec.tokens_per_second() / r.base.tokens_per_second(),
+                  r.spec.mean_accepted_length(), 100.0 * rate, 100.0 * r.spec.overhead(),
+                  verdict(r.spec.overhead() <= 0.05));
+    }
+    double worst = 0.0;
+    for (fixture_row const& r : fixture_rows) worst = std::max(worst, r.base.overhead());
+    std::printf("%-36s %54s %9.1f%% %9s\n", "autoregressive baseline (worst run)", "",
+                100.0 * worst, verdict(worst <= 0.05));
+  }
+  if (!controlled_rows.empty()) {
+    std::printf(
+        "\ncontrolled acceptance: random-weight stories110M shape (dim 768, 12 layers, vocab "
+        "32000), %zu threads, k = %zu, greedy,\noracle drafts corrupted with probability 1 - a. "
+        "Speedups over decode time (prefill excluded); predicted =\nE[accepted + 1] x T_ar / "
+        "(T_draft + T_verify) with E the measured mean accepted length and T_draft, T_verify "
+        "timed on their own.\n\n",
+        bench_threads(), controlled_k);
+    std::printf("%5s %8s %8s %9s %10s %10s %9s %10s %8s %10s %9s %9s\n", "a", "E[len]", "acc.len",
+                "T_ar ms", "T_verify", "T_draft", "measured", "predicted", "ratio", "overhead",
+                "+-10%", ">=2.5x");
+    for (controlled_row const& r : controlled_rows) {
+      double const ratio = r.measured / r.predicted;
+      std::printf("%5.2f %8.3f %8.3f %9.2f %10.2f %10.5f %8.2fx %9.2fx %8.3f %9.2f%% %9s %9s\n",
+                  r.acceptance, r.expected_length, r.spec.mean_accepted_length(), 1e3 * r.t_ar,
+                  1e3 * r.t_verify, 1e3 * r.t_draft, r.measured, r.predicted, ratio,
+                  100.0 * r.spec.overhead(), verdict(std::abs(ratio - 1.0) <= 0.10),
+                  r.acceptance >= 0.9 ? verdict(r.measured >= 2.5) : "-");
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using sd::draft_mode;
+  benchmark::RegisterBenchmark("fixture/draft/greedy", bench_draft<draft_mode::greedy>)
+      ->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/draft/temp1", bench_draft<draft_mode::sample>)
+      ->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/prompt_lookup_chain/greedy", [](benchmark::State& s) {
+    bench_prompt_lookup(s, 1, true);
+  })->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/prompt_lookup_chain/temp1", [](benchmark::State& s) {
+    bench_prompt_lookup(s, 1, false);
+  })->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/prompt_lookup_tree/greedy", [](benchmark::State& s) {
+    bench_prompt_lookup(s, 3, true);
+  })->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/prompt_lookup_tree/temp1", [](benchmark::State& s) {
+    bench_prompt_lookup(s, 3, false);
+  })->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/layer_skip/greedy", bench_layer_skip<draft_mode::greedy>)
+      ->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/layer_skip/temp1", bench_layer_skip<draft_mode::sample>)
+      ->Iterations(3);
+  for (double a : {0.5, 0.7, 0.9}) {
+    benchmark::RegisterBenchmark(
+        ("controlled/acceptance:" + std::to_string(a).substr(0, 3)).c_str(),
+        [a](benchmark::State& s) { bench_controlled(s, a); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_summary();
+  return 0;
+}
