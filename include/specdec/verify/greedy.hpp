@@ -32,6 +32,7 @@
 namespace specdec {
 
 //! Greedy verification of chains and trees (see the file comment for the exact semantics).
+//! A verifier owns scratch buffers (sized once, reused): use one per thread.
 class greedy_verifier {
  public:
   //! Only greedy policies are accepted (`policy.is_greedy()`).

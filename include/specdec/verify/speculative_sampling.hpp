@@ -56,6 +56,7 @@
 namespace specdec {
 
 //! Speculative sampling over a drafted chain (see the file comment for the exact semantics).
+//! A verifier owns scratch buffers (sized once, reused): use one per thread.
 class speculative_sampling_verifier {
  public:
   //! Any sampling policy works (greedy ones take the greedy path).

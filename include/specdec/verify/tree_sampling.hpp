@@ -58,6 +58,7 @@
 namespace specdec {
 
 //! Verification of multi-candidate trees (see the file comment for the exact semantics).
+//! A verifier owns scratch buffers (sized once, reused): use one per thread.
 class tree_verifier {
  public:
   //! Any sampling policy works (greedy ones take the greedy path).

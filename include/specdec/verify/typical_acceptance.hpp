@@ -63,6 +63,7 @@ struct typical_acceptance_params {
 };
 
 //! Typical acceptance over chains and trees (see the file comment for the exact semantics).
+//! A verifier owns scratch buffers (sized once, reused): use one per thread.
 class typical_acceptance_verifier {
  public:
   //! Any sampling policy works.
