@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/core/philox.hpp"
@@ -79,7 +80,8 @@ concept verifier = sampling_policy<Policy> &&
 //!   Why: proposers with state (a draft KV cache, an n-gram index) roll back or extend it.
 //! Capabilities that change the loop are declared as static constexpr bool members and read
 //! through the traits below: `produces_trees`, `samples_drafts` (the tree carries q rows and needs
-//! a verifier that uses them), `needs_target_hidden`.
+//! a verifier that uses them), `needs_target_hidden`, `has_auxiliary_tokens` (see
+//! `auxiliary_proposer`).
 template <class P>
 concept proposer = requires(P& p, propose_context const& ctx, draft_tree& out,
                             verify_result const& r, std::span<token_id const> prompt) {
@@ -102,6 +104,44 @@ inline constexpr bool samples_drafts_v = requires {
 template <class P>
 inline constexpr bool needs_target_hidden_v = requires {
   requires static_cast<bool>(P::needs_target_hidden);
+};
+
+//! Whether proposer P scores auxiliary tokens beside its tree and observes the target's rows
+//! (see `auxiliary_proposer`).
+template <class P>
+inline constexpr bool has_auxiliary_tokens_v = requires {
+  requires static_cast<bool>(P::has_auxiliary_tokens);
+};
+
+//! A proposer that adds auxiliary tokens to the target forward of each step and learns from the
+//! target's rows: lookahead decoding's Jacobi window scored beside its verification tree, Jacobi
+//! decoding refining its guesses from the target's own predictions, or any strategy that wants
+//! extra target rows for free in the forward it already pays for.
+//!
+//! Requirements (beyond `proposer`):
+//! - `P::has_auxiliary_tokens` is true. Why: the decoder selects the extended step at compile time
+//!   (`if constexpr`), so proposers without it pay nothing.
+//! - `p.auxiliary(ctx, tree, aux)` is called once per step after `propose`, with the tree just
+//!   proposed and `aux` reset to hold it (rows [0, tree.size()) with the tree's mask, positions
+//!   base + depth); it appends tokens with `aux.add(token, position, wants_logits)` (at most
+//!   `aux.room()`, positions below `aux.position_limit()`) and sets their visibility with
+//!   `aux.attend(row, col)`. Tree rows never see auxiliary rows.
+//!   Why: one forward scores both; the tree's logits stay exactly those of the tree alone, so
+//!   verification is unchanged and lossless; the auxiliary rows cost batch rows, not forwards.
+//! - `p.observe(tree_logits, aux_logits, result)` is called after verification and before
+//!   `accept`: `tree_logits` is [tree.size(), vocab] (row i after the path to node i), `aux_logits`
+//!   is [aux.num_aux_logits(), vocab], the rows of the auxiliary tokens added with
+//!   `wants_logits`, in batch order; `result` is the verification outcome. Both views are valid
+//!   only during the call. Why: the proposer's next guesses come from these rows (lookahead's
+//!   next Jacobi level, Jacobi's refined block); the outcome says how far the sequence moved.
+//! The auxiliary KV entries are dropped when the step is committed (only the root and the
+//! accepted nodes are kept), so a proposer can put anything there.
+template <class P>
+concept auxiliary_proposer = proposer<P> && has_auxiliary_tokens_v<P> &&
+    requires(P& p, propose_context const& ctx, draft_tree const& tree, auxiliary_batch& aux,
+             matrix_view<float const> rows, verify_result const& r) {
+  p.auxiliary(ctx, tree, aux);
+  p.observe(rows, rows, r);
 };
 
 //! A KV cache that can drop rejected speculation.

@@ -13,6 +13,7 @@ namespace specdec {
 struct step_stats {
   std::size_t tree_size = 0;     //!< draft nodes proposed (root excluded)
   std::size_t tree_depth = 0;    //!< deepest draft node
+  std::size_t aux_tokens = 0;    //!< auxiliary tokens scored beside the tree (auxiliary_proposer)
   std::size_t accepted = 0;      //!< draft tokens accepted
   std::size_t emitted = 0;       //!< tokens committed this step (accepted + bonus, after stops)
   double propose_seconds = 0.0;  //!< time in the proposer
@@ -24,10 +25,11 @@ struct step_stats {
 //! Statistics accumulated over one request.
 struct request_stats {
   std::size_t prompt_tokens = 0;
-  std::size_t generated = 0;  //!< tokens emitted after the prompt
-  std::size_t steps = 0;      //!< decode steps (one target scoring forward each)
-  std::size_t drafted = 0;    //!< draft nodes proposed over all steps
-  std::size_t accepted = 0;   //!< draft tokens accepted over all steps
+  std::size_t generated = 0;   //!< tokens emitted after the prompt
+  std::size_t steps = 0;       //!< decode steps (one target scoring forward each)
+  std::size_t drafted = 0;     //!< draft nodes proposed over all steps
+  std::size_t accepted = 0;    //!< draft tokens accepted over all steps
+  std::size_t aux_tokens = 0;  //!< auxiliary tokens scored beside the trees over all steps
   std::size_t max_tree_size = 0;
   //! accepted_at_depth[d] counts steps whose accepted path reached depth d + 1;
   //! drafted_at_depth[d] counts steps whose tree reached depth d + 1. Their ratio is the
@@ -46,6 +48,7 @@ struct request_stats {
     ++steps;
     drafted += s.tree_size;
     accepted += s.accepted;
+    aux_tokens += s.aux_tokens;
     generated += s.emitted;
     max_tree_size = std::max(max_tree_size, s.tree_size);
     if (drafted_at_depth.size() < s.tree_depth) drafted_at_depth.resize(s.tree_depth, 0);

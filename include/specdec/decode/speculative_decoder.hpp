@@ -17,6 +17,11 @@
 //!    - commit: the cache keeps the root and the accepted nodes (`truncate` when they are the
 //!      first nodes of a chain, `keep_path` otherwise), `proposer.accept(result)`, then the
 //!      accepted tokens and the bonus token are emitted one by one through the stop checks.
+//!    An `auxiliary_proposer` (core/concepts.hpp) also appends auxiliary tokens after the tree
+//!    (`auxiliary(ctx, tree, aux)`, after propose): the forward scores [tree nodes, auxiliary
+//!    tokens] with the batch's mask (tree rows see only their ancestors), the verifier reads the
+//!    tree's rows only, `observe(tree_logits, aux_logits, result)` precedes `accept`, and the
+//!    commit drops the auxiliary KV entries with the rejected nodes.
 //! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0;
 //! proposers that sample draw from it first, then the verifier reads its words and advances it by
 //! the tree size, so a request is reproducible from its seed.
@@ -29,6 +34,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
@@ -78,7 +84,9 @@ inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, st
 //! \tparam Model    the target, a `causal_lm`; held by reference, its cache is reset per request.
 //! \tparam Proposer a `proposer`; held by reference. Its traits select what the loop does:
 //!                  `needs_target_hidden` requests hidden rows from the target and passes those of
-//!                  the last committed tokens in `propose_context::target_hidden`.
+//!                  the last committed tokens in `propose_context::target_hidden`;
+//!                  `has_auxiliary_tokens` scores the proposer's auxiliary tokens after the tree
+//!                  in the same forward and shows it the rows (`auxiliary_proposer`).
 //! \tparam Verifier a `verifier` for Policy; owned (verifiers own scratch buffers).
 //! \tparam Policy   a `sampling_policy`; owned. The verifier uses it for every target row.
 //! Pairings that cannot work are rejected at compile time (see `compatible_v`).
@@ -96,6 +104,9 @@ class speculative_decoder {
   static_assert(!(produces_trees_v<Proposer> && verifier_traits<Verifier>::chains_only),
                 "speculative_decoder: this proposer drafts trees but the verifier handles chains "
                 "only. Use a tree verifier.");
+  static_assert(!has_auxiliary_tokens_v<Proposer> || auxiliary_proposer<Proposer>,
+                "speculative_decoder: this proposer declares has_auxiliary_tokens but lacks "
+                "auxiliary(ctx, tree, aux) or observe(tree_logits, aux_logits, result)");
 
  public:
   using model_type = Model;        //!< the target model
@@ -182,6 +193,16 @@ class speculative_decoder {
       ctx.max_nodes = std::min(config_.max_draft_nodes, capacity - base - 1);
       ctx.rng = &rng;
       proposer_->propose(ctx, tree_);
+      if constexpr (has_auxiliary_tokens_v<Proposer>) {
+        // Auxiliary tokens follow the tree in the same forward (room: the cache's free positions).
+        std::size_t const free = capacity - base;
+        std::size_t const room =
+            tree_.size() < free ? std::min(free - tree_.size(), max_tree_nodes) : 0;
+        aux_.reset(tree_, static_cast<position_t>(base), room, capacity);
+        proposer_->auxiliary(ctx, tree_, aux_);
+        aux_.finalize();
+        step.aux_tokens = aux_.num_aux();
+      }
       step.propose_seconds = detail::seconds_since(t0);
       SPECDEC_CHECK(!tree_.empty() && tree_.root() == committed.back(), invalid_argument,
                     "speculative_decoder: the proposer's tree must have the last committed token ",
@@ -202,13 +223,23 @@ class speculative_decoder {
                           .positions = positions_,
                           .mask = tree_.mask(),
                           .mask_stride = tree_.mask_stride()};
+      if constexpr (has_auxiliary_tokens_v<Proposer>) {
+        if (aux_.num_aux() > 0) {
+          req.tokens = aux_.tokens();
+          req.positions = aux_.positions();
+          req.mask = aux_.mask();
+          req.mask_stride = aux_.mask_stride();
+          req.logits_rows = aux_.logits_rows();
+        }
+      }
       if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
       target.forward(req, fwd_);
       step.score_seconds = detail::seconds_since(t0);
 
-      // 3. verify
+      // 3. verify (the tree's rows come first; auxiliary rows follow)
       t0 = std::chrono::steady_clock::now();
-      verifier_.verify(tree_, fwd_.logits_view(), policy_, committed, rng, result_);
+      matrix_view<float const> const tree_logits = fwd_.logits_view().subrows(0, n);
+      verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_);
       step.verify_seconds = detail::seconds_since(t0);
       SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
                     "speculative_decoder: the verifier returned ", result_.tokens.size(),
@@ -238,6 +269,9 @@ class speculative_decoder {
         target.cache().keep_path(base, keep_);
       }
       if constexpr (needs_target_hidden_v<Proposer>) hidden_rows = gather_hidden();
+      if constexpr (has_auxiliary_tokens_v<Proposer>)
+        proposer_->observe(tree_logits, fwd_.logits_view().subrows(n, aux_.num_aux_logits()),
+                           result_);
       proposer_->accept(result_);
       step.accepted = m;
       std::size_t const emitted_before = sink_.emitted();
@@ -286,6 +320,7 @@ class speculative_decoder {
   std::vector<position_t> positions_;
   std::vector<std::int32_t> keep_;
   std::vector<float> hidden_;
+  auxiliary_batch aux_;  //!< tree + auxiliary tokens (auxiliary_proposer only)
 };
 
 }  // namespace specdec
