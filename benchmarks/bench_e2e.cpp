@@ -11,11 +11,15 @@
 //    12 layers, 12 heads, vocabulary 32000) and an oracle proposer that drafts the target's own
 //    greedy continuation (computed once by the baseline run), corrupting each drafted token with
 //    probability 1 - a, so that each draft token is accepted with probability a given its
-//    predecessors were; a = 0.5, 0.7, 0.9, k = 4, greedy. The measured speedup is printed next to
-//    the prediction from separately measured costs: E[accepted + 1] x T_autoregressive /
-//    (T_draft + T_verify), with T_autoregressive the baseline's time per token, T_verify the time
-//    of one target forward over k + 1 tokens timed on its own, T_draft the oracle's propose time
-//    timed on its own, and E[accepted + 1] the measured mean accepted length.
+//    predecessors were; a = 0.5, 0.7, 0.9, k = 4, greedy. Baseline and speculative runs alternate
+//    (SPECDEC_BENCH_REPS pairs). Per pair, the measured speedup (ratio of the decode rates) is
+//    set against the speedup predicted from the costs measured in the same two runs:
+//    E[accepted + 1] x T_autoregressive / (T_draft + T_verify), with T_autoregressive the
+//    baseline's forward time per token, T_verify the speculative run's scoring-forward time per
+//    step, T_draft its propose time per step and E[accepted + 1] its mean accepted length; the
+//    table shows medians over the pairs. Everything the library does besides forwards (verify,
+//    commit, bookkeeping on both sides) shows up as measured < predicted. A second prediction
+//    uses forwards over 1 and k + 1 tokens timed on their own, alternating, away from the runs.
 //
 // After the benchmarks a summary table is printed with the bars: library overhead <= 5% of step
 // time, measured speedup within 10% of the prediction, speedup >= 2.5x at acceptance 0.9.
@@ -23,7 +27,8 @@
 // Run (Release): build/<dir>/benchmarks/bench_e2e [--benchmark_filter=fixture|controlled]
 // Environment: SPECDEC_MODEL_DIR, SPECDEC_DATA_DIR (default ../shared/{models,data} next to the
 // repository), SPECDEC_BENCH_THREADS (threads of the stories110M-shape model; default: all
-// cores), SPECDEC_BENCH_TOKENS (new tokens of the controlled scenario; default 128).
+// cores), SPECDEC_BENCH_TOKENS (new tokens per controlled run; default 128), SPECDEC_BENCH_REPS
+// (controlled baseline / speculative run pairs; default 3).
 
 #include <benchmark/benchmark.h>
 
@@ -226,8 +231,15 @@ struct controlled_row {
   double acceptance = 0.0;
   double expected_length = 0.0;  //!< (1 - a^(k+1)) / (1 - a)
   totals spec, base;
-  double t_ar = 0.0, t_draft = 0.0, t_verify = 0.0;
-  double measured = 0.0, predicted = 0.0;
+  std::size_t reps = 0;  //!< baseline / speculative run pairs
+  // Medians over the pairs; the costs are the forwards timed in the pair's own runs.
+  double t_ar = 0.0;      //!< baseline forward time per token
+  double t_verify = 0.0;  //!< speculative scoring forward time per step
+  double t_draft = 0.0;   //!< speculative propose time per step
+  double measured = 0.0, predicted = 0.0, ratio = 0.0;
+  // Costs timed on their own (alternating forwards over 1 and k + 1 tokens), and the prediction
+  // they give with the measured mean accepted length.
+  double iso_ar = 0.0, iso_verify = 0.0, iso_draft = 0.0, iso_predicted = 0.0;
 };
 std::vector<fixture_row> fixture_rows;
 std::vector<controlled_row> controlled_rows;
@@ -432,21 +444,23 @@ std::size_t bench_threads() {
                    std::max<std::size_t>(1, std::thread::hardware_concurrency()));
 }
 
-//! Median of `samples` seconds of `f()`.
+//! The median of `v` (not empty).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+//! Seconds of `f()`.
 template <class F>
-double median_seconds(std::size_t samples, F&& f) {
-  std::vector<double> t;
-  for (std::size_t i = 0; i < samples; ++i) {
-    auto const t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+double seconds_of(F&& f) {
+  auto const t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void bench_controlled(benchmark::State& state, double acceptance) {
   std::size_t const new_tokens = env_count("SPECDEC_BENCH_TOKENS", 128);
+  std::size_t const reps = env_count("SPECDEC_BENCH_REPS", 3);
   timed_cpu target(stories110m(), sd::cpu_llama_options{.threads = bench_threads()});
   std::vector<sd::token_id> const prompt = fixture::get().prompts[0];
   sd::decode_config config;
@@ -457,24 +471,53 @@ void bench_controlled(benchmark::State& state, double acceptance) {
   row.acceptance = acceptance;
   row.expected_length = (1.0 - std::pow(acceptance, controlled_k + 1)) / (1.0 - acceptance);
   sd::decode_result r;
+  auto const decode_rate = [](sd::request_stats const& st) {
+    return static_cast<double>(st.generated) / (st.total_seconds - st.prefill_seconds);
+  };
   for (auto _ : state) {
-    forward_clock t0 = target.clock();
-    baseline.generate(prompt, r);
-    row.base.add(r.stats, step_forwards(t0, target.clock(), nullptr, nullptr));
-    std::vector<sd::token_id> sequence = prompt;
-    sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
+    // Baseline and speculative runs alternate. Per pair: the measured speedup (the ratio of the
+    // decode rates) and the prediction from the forwards timed in the same two runs; medians
+    // over the pairs cancel most of a shared machine's drift.
+    std::vector<sd::token_id> sequence;
+    std::vector<double> measured, predicted, ratios, t_ar, t_verify, t_draft;
+    for (std::size_t rep = 0; rep < reps; ++rep) {
+      forward_clock t0 = target.clock();
+      baseline.generate(prompt, r);
+      double const base_forwards = step_forwards(t0, target.clock(), nullptr, nullptr);
+      row.base.add(r.stats, base_forwards);
+      double const base_rate = decode_rate(r.stats);
+      t_ar.push_back(base_forwards / static_cast<double>(r.stats.steps));
+      if (rep == 0) {  // the oracle's continuation: the greedy baseline's output
+        sequence = prompt;
+        sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
+      }
+      oracle_proposer oracle(sequence, controlled_k, acceptance, target.vocab_size(), 2024 + rep);
+      sd::speculative_decoder decoder(target, oracle, sd::greedy_verifier{}, sd::greedy{}, config);
+      t0 = target.clock();
+      decoder.generate(prompt, r);
+      double const spec_forwards = step_forwards(t0, target.clock(), nullptr, nullptr);
+      row.spec.add(r.stats, spec_forwards);
+      auto const steps = static_cast<double>(r.stats.steps);
+      t_verify.push_back(spec_forwards / steps);
+      t_draft.push_back(r.stats.propose_seconds / steps);
+      measured.push_back(decode_rate(r.stats) / base_rate);
+      predicted.push_back(r.stats.mean_accepted_length() * t_ar.back() /
+                          (t_draft.back() + t_verify.back()));
+      ratios.push_back(measured.back() / predicted.back());
+      if (std::vector<sd::token_id>(sequence.begin() + static_cast<long>(prompt.size()),
+                                    sequence.end()) != r.tokens)
+        state.SkipWithError("speculative output differs from the greedy baseline");
+    }
+    row.measured = median(measured);
+    row.predicted = median(predicted);
+    row.ratio = median(ratios);
+    row.t_ar = median(t_ar);
+    row.t_verify = median(t_verify);
+    row.t_draft = median(t_draft);
 
-    oracle_proposer oracle(sequence, controlled_k, acceptance, target.vocab_size(), 2024);
-    sd::speculative_decoder decoder(target, oracle, sd::greedy_verifier{}, sd::greedy{}, config);
-    t0 = target.clock();
-    decoder.generate(prompt, r);
-    row.spec.add(r.stats, step_forwards(t0, target.clock(), nullptr, nullptr));
-    if (std::vector<sd::token_id>(sequence.begin() + static_cast<long>(prompt.size()),
-                                  sequence.end()) != r.tokens)
-      state.SkipWithError("speculative output differs from the greedy baseline");
-
-    // Costs measured on their own: a target forward over k + 1 tokens (root + a drafted chain)
-    // in the middle of the sequence, and the oracle's propose.
+    // Costs measured on their own, in the middle of the sequence: a target forward over the
+    // root alone (T_ar) and over the root + k drafted tokens (T_verify), alternately; the
+    // oracle's propose (T_draft).
     std::size_t const base = prompt.size() + new_tokens / 2;
     auto& model = target.model();
     model.cache().truncate(0);
@@ -494,28 +537,42 @@ void bench_controlled(benchmark::State& state, double acceptance) {
                                          .positions = chain_positions,
                                          .mask = tree.mask(),
                                          .mask_stride = tree.mask_stride()};
-    row.t_verify = median_seconds(7, [&] {
-      model.forward(verify_req, out);
+    sd::forward_request const single_req{.tokens = tree.tokens().first(1),
+                                         .positions = std::span(chain_positions).first(1)};
+    std::vector<double> t_single, t_iso_verify;
+    for (int i = 0; i < 15; ++i) {
+      t_single.push_back(seconds_of([&] {
+        model.forward(single_req, out);
+        (void)sd::greedy{}.greedy_token(out.logits_view().at_row(0), sequence);
+      }));
       model.cache().truncate(base - 1);
-    });
+      t_iso_verify.push_back(seconds_of([&] { model.forward(verify_req, out); }));
+      model.cache().truncate(base - 1);
+    }
+    row.iso_ar = median(t_single);
+    row.iso_verify = median(t_iso_verify);
     sd::philox rng(1, 0, 0);
     sd::propose_context ctx;
     ctx.tokens = std::span<sd::token_id const>(sequence).first(base);
     ctx.max_nodes = controlled_k;
     ctx.rng = &rng;
+    oracle_proposer oracle(sequence, controlled_k, acceptance, target.vocab_size(), 1);
     oracle.begin(prompt);
-    row.t_draft = median_seconds(7,
-                                 [&] {
-                                   for (int i = 0; i < 100; ++i) oracle.propose(ctx, tree);
-                                 }) /
-                  100.0;
+    std::vector<double> t_iso_draft;
+    for (int i = 0; i < 7; ++i)
+      t_iso_draft.push_back(seconds_of([&] {
+                              for (int j = 0; j < 100; ++j) oracle.propose(ctx, tree);
+                            }) /
+                            100.0);
+    row.iso_draft = median(t_iso_draft);
   }
-  row.t_ar = row.base.decode_seconds / static_cast<double>(row.base.steps);
-  row.measured = row.spec.decode_tokens_per_second() / row.base.decode_tokens_per_second();
-  row.predicted = row.spec.mean_accepted_length() * row.t_ar / (row.t_draft + row.t_verify);
+  row.reps = reps;
+  row.iso_predicted =
+      row.spec.mean_accepted_length() * row.iso_ar / (row.iso_draft + row.iso_verify);
   set_counters(state, row.spec, row.base);
   state.counters["measured_speedup"] = row.measured;
   state.counters["predicted_speedup"] = row.predicted;
+  state.counters["isolated_predicted_speedup"] = row.iso_predicted;
   state.counters["T_ar_ms"] = 1e3 * row.t_ar;
   state.counters["T_verify_ms"] = 1e3 * row.t_verify;
   controlled_rows.push_back(row);
@@ -555,21 +612,27 @@ void print_summary() {
   if (!controlled_rows.empty()) {
     std::printf(
         "\ncontrolled acceptance: random-weight stories110M shape (dim 768, 12 layers, vocab "
-        "32000), %zu threads, k = %zu, greedy,\noracle drafts corrupted with probability 1 - a. "
-        "Speedups over decode time (prefill excluded); predicted =\nE[accepted + 1] x T_ar / "
-        "(T_draft + T_verify) with E the measured mean accepted length and T_draft, T_verify "
-        "timed on their own.\n\n",
-        bench_threads(), controlled_k);
-    std::printf("%5s %8s %8s %9s %10s %10s %9s %10s %8s %10s %9s %9s\n", "a", "E[len]", "acc.len",
-                "T_ar ms", "T_verify", "T_draft", "measured", "predicted", "ratio", "overhead",
-                "+-10%", ">=2.5x");
+        "32000), %zu threads, k = %zu, greedy,\noracle drafts corrupted with probability 1 - a; "
+        "%zu alternating baseline / speculative run pairs of %zu new tokens per row.\n"
+        "Per pair: measured = ratio of the decode rates (prefill excluded); predicted = "
+        "E[accepted + 1] x T_ar / (T_draft + T_verify)\nwith E the run's mean accepted length, "
+        "T_ar the baseline's forward time per token, T_verify the speculative run's scoring\n"
+        "forward time per step, T_draft its propose time per step; the table shows medians over "
+        "the pairs. 'isolated' predicts\nfrom forwards over 1 and k + 1 tokens timed on their own "
+        "(alternating medians of 15). overhead = decode time outside\ntarget forwards / decode "
+        "time, over every speculative run.\n\n",
+        bench_threads(), controlled_k, controlled_rows.front().reps,
+        env_count("SPECDEC_BENCH_TOKENS", 128));
+    std::printf("%5s %7s %8s %8s %9s %9s %9s %10s %7s %7s %9s %9s %7s\n", "a", "E[len]", "acc.len",
+                "T_ar ms", "T_verify", "T_draft", "measured", "predicted", "ratio", "+-10%",
+                "isolated", "overhead", ">=2.5x");
     for (controlled_row const& r : controlled_rows) {
-      double const ratio = r.measured / r.predicted;
-      std::printf("%5.2f %8.3f %8.3f %9.2f %10.2f %10.5f %8.2fx %9.2fx %8.3f %9.2f%% %9s %9s\n",
-                  r.acceptance, r.expected_length, r.spec.mean_accepted_length(), 1e3 * r.t_ar,
-                  1e3 * r.t_verify, 1e3 * r.t_draft, r.measured, r.predicted, ratio,
-                  100.0 * r.spec.overhead(), verdict(std::abs(ratio - 1.0) <= 0.10),
-                  r.acceptance >= 0.9 ? verdict(r.measured >= 2.5) : "-");
+      std::printf(
+          "%5.2f %7.3f %8.3f %8.2f %9.2f %9.5f %8.2fx %9.2fx %7.3f %7s %8.2fx %8.2f%% %7s\n",
+          r.acceptance, r.expected_length, r.spec.mean_accepted_length(), 1e3 * r.t_ar,
+          1e3 * r.t_verify, 1e3 * r.t_draft, r.measured, r.predicted, r.ratio,
+          verdict(std::abs(r.ratio - 1.0) <= 0.10), r.iso_predicted, 100.0 * r.spec.overhead(),
+          r.acceptance >= 0.9 ? verdict(r.measured >= 2.5) : "-");
     }
   }
 }

@@ -68,6 +68,18 @@ sd::tokenizer load_vocabulary(options const& o) {
   return sd::load_tokenizer(o.model, path);
 }
 
+//! The text of `tokens` following `previous` (as streamed: the first piece may drop its leading
+//! space after BOS).
+std::string decode_after(sd::tokenizer const& tok, sd::token_id previous,
+                         std::span<sd::token_id const> tokens) {
+  std::string text;
+  for (sd::token_id t : tokens) {
+    text += tok.decode(previous, t);
+    previous = t;
+  }
+  return text;
+}
+
 //! Streams committed tokens to stdout after the prompt text (written with the first token, so
 //! that a request failing before its first token leaves stdout empty), flushing at most every
 //! 25 ms (a flush per token would cost more than a forward of a small model).
@@ -168,14 +180,14 @@ int run(options const& o) {
         .text("verifier", out.verifier)
         .text("prompt", prompt_text)
         .raw("prompt_ids", json_int_array(std::span<sd::token_id const>(prompt)))
-        .text("text", tok.decode(std::span<sd::token_id const>(out.result.tokens)))
+        .text("text", decode_after(tok, prompt.back(), out.result.tokens))
         .raw("tokens", json_int_array(std::span<sd::token_id const>(out.result.tokens)))
         .text("finish_reason", sd::to_string(out.result.reason))
         .raw("stats", stats_json(out, c));
     if (c != nullptr) {
       auto const& b = c->baseline.result;
       j.raw("baseline", json_object()
-                            .text("text", tok.decode(std::span<sd::token_id const>(b.tokens)))
+                            .text("text", decode_after(tok, prompt.back(), b.tokens))
                             .raw("tokens", json_int_array(std::span<sd::token_id const>(b.tokens)))
                             .text("finish_reason", sd::to_string(b.reason))
                             .number("tokens_per_second", b.stats.tokens_per_second())

@@ -442,3 +442,16 @@ TEST_CASE("generate: run-time errors exit 1 with one line") {
                "--strategy", "autoregressive"},
               1, "specdec: ", false);
 }
+
+TEST_CASE("generate: an empty prompt is BOS alone; --json text equals the streamed text") {
+  std::vector<std::string> const args = {"--prompt", "", "--strategy", "layer-skip", "-n", "16"};
+  json_value const j = gen_json(args);
+  CHECK(j["prompt_ids"].ints() == std::vector<std::int64_t>{1});
+  CHECK(tokens_of(j).size() == 16);
+  std::string const text = j["text"].str();
+  REQUIRE(!text.empty());
+  CHECK(text.front() != ' ');  // the piece after BOS drops its leading space
+  process_result const r = gen(args);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.rfind(text + "\n", 0) == 0);
+}
