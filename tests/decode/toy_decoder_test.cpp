@@ -35,23 +35,39 @@ struct hidden_reading_proposer {
   static constexpr bool produces_trees = true;
   static constexpr bool needs_target_hidden = true;
   std::vector<std::size_t> hidden_rows_seen;
-  std::vector<float> last_hidden_token;
-  void begin(std::span<sd::token_id const>) {}
+  std::size_t expected_rows = 0;    // rows the next propose should see
+  std::size_t mismatches = 0;       // hidden rows that are not those of the last committed tokens
+  std::vector<sd::token_id> truth;  // the greedy continuation
+  std::size_t prompt_size = 0;
+  void begin(std::span<sd::token_id const> prompt) {
+    expected_rows = prompt.size() - 1;
+    prompt_size = prompt.size();
+  }
   void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
-    hidden_rows_seen.push_back(ctx.target_hidden.rows());
-    if (!ctx.target_hidden.empty())
-      last_hidden_token.push_back(ctx.target_hidden(ctx.target_hidden.rows() - 1, 0));
+    std::size_t const rows = ctx.target_hidden.rows();
+    hidden_rows_seen.push_back(rows);
+    if (rows != expected_rows) ++mismatches;
+    // The toy's hidden row of a token is [token, previous token, position, 1]; the rows are those
+    // of the tokens committed by the last step, in order, the last one just before the root.
+    std::size_t const t = ctx.tokens.size();
+    for (std::size_t r = 0; r < rows && rows <= t - 1; ++r) {
+      std::size_t const at = t - 1 - rows + r;
+      if (ctx.target_hidden(r, 0) != static_cast<float>(ctx.tokens[at]) ||
+          ctx.target_hidden(r, 2) != static_cast<float>(at))
+        ++mismatches;
+    }
     tree.reset(ctx.tokens.back());
-    if (ctx.max_nodes >= 3) {
-      // Two children of the root and one grandchild under the second.
-      sd::token_id const a = (ctx.tokens.back() + 1) % static_cast<sd::token_id>(vocab);
-      sd::token_id const b = (ctx.tokens.back() + 2) % static_cast<sd::token_id>(vocab);
-      tree.add_node(0, a);
-      sd::node_index const nb = tree.add_node(0, b);
-      tree.add_node(nb, (b + 1) % static_cast<sd::token_id>(vocab));
+    std::size_t const done = t - prompt_size;
+    if (ctx.max_nodes >= 3 && done + 1 < truth.size()) {
+      // A decoy child first, then the true continuation (two tokens) as the second child, so the
+      // accepted path is nodes 2, 3: a keep_path commit and hidden rows gathered out of order.
+      sd::token_id const good = truth[done];
+      tree.add_node(0, (good + 1) % static_cast<sd::token_id>(vocab));
+      sd::node_index const second = tree.add_node(0, good);
+      tree.add_node(second, truth[done + 1]);
     }
   }
-  void accept(sd::verify_result const&) {}
+  void accept(sd::verify_result const& r) { expected_rows = r.num_accepted() + 1; }
 };
 
 // Proposes the true greedy continuation as the SECOND child of the root, with a decoy first.
@@ -149,15 +165,16 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
     }
     SUBCASE("trees that need keep_path, with target hidden rows") {
       hidden_reading_proposer p;
+      p.truth = reference.tokens;
       sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       std::size_t const keeps_before = target.cache().keep_path_calls;
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);
       REQUIRE(!p.hidden_rows_seen.empty());
       CHECK(p.hidden_rows_seen[0] == prompt.size() - 1);  // the prefill's rows
-      for (std::size_t i = 1; i < p.hidden_rows_seen.size(); ++i) CHECK(p.hidden_rows_seen[i] >= 1);
-      // The last hidden row handed over is that of the token before the root.
-      CHECK(target.cache().keep_path_calls >= keeps_before);
+      CHECK(p.mismatches == 0);
+      CHECK(target.cache().keep_path_calls > keeps_before + 10);
+      CHECK(r.stats.mean_accepted_length() > 2.5);
     }
   }
 }
