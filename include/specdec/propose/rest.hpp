@@ -99,6 +99,7 @@ class rest_proposer {
     order_.reserve(nodes);
     slot_.reserve(nodes);
     path_.resize(config_.depth);
+    starts_.reserve(config_.max_occurrences);
   }
 
   //! Nothing to index: the datastore is fixed.
@@ -146,13 +147,24 @@ class rest_proposer {
     std::span<std::uint32_t const> const sa = ds.suffix_array();
     std::size_t const count = match_.count();
     std::size_t const samples = std::min(count, config_.max_occurrences);
-    std::size_t path_length = 0;  // nodes of the previous continuation on path_
+    // Gather the continuations' starts first, prefetching each suffix-array entry and then each
+    // continuation, so that their cache misses overlap instead of queueing behind the trie.
+    starts_.resize(samples);
     for (std::size_t j = 0; j < samples; ++j) {
       std::size_t const index =
           match_.lo + (samples == count ? j
                                         : static_cast<std::size_t>(static_cast<std::uint64_t>(j) *
                                                                    count / samples));
-      std::size_t const start = static_cast<std::size_t>(sa[index]) + match_.length;
+      starts_[j] = static_cast<std::uint32_t>(index);
+      prefetch(sa.data() + index);
+    }
+    for (std::size_t j = 0; j < samples; ++j) {
+      starts_[j] = static_cast<std::uint32_t>(sa[starts_[j]] + match_.length);
+      if (starts_[j] < corpus.size()) prefetch(corpus.data() + starts_[j]);
+    }
+    std::size_t path_length = 0;  // nodes of the previous continuation on path_
+    for (std::size_t j = 0; j < samples; ++j) {
+      std::size_t const start = starts_[j];
       std::size_t d = 0;
       for (; d < config_.depth && start + d < corpus.size(); ++d) {
         std::uint32_t const t = corpus[start + d];
@@ -173,6 +185,14 @@ class rest_proposer {
       }
       path_length = std::min(path_length, d);
     }
+  }
+
+  static void prefetch(void const* p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p);
+#else
+    (void)p;
+#endif
   }
 
   //! Step 5: order_ = the `budget` best nodes in emission order.
@@ -199,12 +219,13 @@ class rest_proposer {
   rest_match match_;
   // The trie of the last retrieval, one entry per node (root excluded).
   std::vector<token_id> token_;
-  std::vector<std::int32_t> parent_;  //!< parent node, -1 for children of the root
-  std::vector<std::uint32_t> count_;  //!< continuations through the node
-  std::vector<std::uint32_t> depth_;  //!< 0 for children of the root
-  std::vector<std::uint32_t> order_;  //!< kept nodes in emission order
-  std::vector<node_index> slot_;      //!< draft-tree index of each emitted node
-  std::vector<std::uint32_t> path_;   //!< [depth] nodes of the previous continuation
+  std::vector<std::int32_t> parent_;   //!< parent node, -1 for children of the root
+  std::vector<std::uint32_t> count_;   //!< continuations through the node
+  std::vector<std::uint32_t> depth_;   //!< 0 for children of the root
+  std::vector<std::uint32_t> order_;   //!< kept nodes in emission order
+  std::vector<node_index> slot_;       //!< draft-tree index of each emitted node
+  std::vector<std::uint32_t> path_;    //!< [depth] nodes of the previous continuation
+  std::vector<std::uint32_t> starts_;  //!< [occurrences] corpus position of each continuation
 };
 
 }  // namespace specdec

@@ -524,16 +524,25 @@ class rest_datastore {
     if (valid < n_min || corpus_.empty()) return {};
     auto const suffix = [&](std::size_t len) { return context.subspan(context.size() - len); };
     // Invariant: length `good` occurs (or good = n_min - 1), length `bad` does not (or valid + 1).
+    // The last successful probe's lower bound is kept for the final range.
     std::size_t good = n_min - 1, bad = valid + 1;
+    std::uint32_t good_lo = 0, good_end = 0;
     while (bad - good > 1) {
       std::size_t const mid = good + (bad - good) / 2;
-      if (occurs(suffix(mid)))
+      std::span<token_id const> const pattern = suffix(mid);
+      auto const [lo, hi] = first_token_range(pattern[0]);
+      std::uint32_t const first = lower_bound(pattern, lo, hi);
+      if (first < hi && compare(sa_[first], pattern) == 0) {
         good = mid;
-      else
+        good_lo = first;
+        good_end = hi;
+      } else {
         bad = mid;
+      }
     }
     if (good < n_min) return {};
-    return find(suffix(good));
+    std::span<token_id const> const pattern = suffix(good);
+    return {good, good_lo, upper_bound(pattern, good_lo, good_end)};
   }
 
  private:
@@ -604,6 +613,7 @@ class rest_datastore {
                                           std::uint32_t hi) const noexcept {
     while (lo < hi) {
       std::uint32_t const mid = lo + (hi - lo) / 2;
+      prefetch_midpoints(lo, mid, hi);
       if (compare(sa_[mid], pattern) < 0)
         lo = mid + 1;
       else
@@ -615,6 +625,7 @@ class rest_datastore {
                                           std::uint32_t hi) const noexcept {
     while (lo < hi) {
       std::uint32_t const mid = lo + (hi - lo) / 2;
+      prefetch_midpoints(lo, mid, hi);
       if (compare(sa_[mid], pattern) <= 0)
         lo = mid + 1;
       else
@@ -622,10 +633,16 @@ class rest_datastore {
     }
     return lo;
   }
-  [[nodiscard]] bool occurs(std::span<token_id const> pattern) const noexcept {
-    auto const [lo, hi] = first_token_range(pattern[0]);
-    std::uint32_t const first = lower_bound(pattern, lo, hi);
-    return first < hi && compare(sa_[first], pattern) == 0;
+  //! Prefetches the suffix-array entries of both possible next midpoints of a binary search.
+  void prefetch_midpoints(std::uint32_t lo, std::uint32_t mid, std::uint32_t hi) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(sa_.data() + lo + (mid - lo) / 2);
+    __builtin_prefetch(sa_.data() + mid + (hi - mid) / 2);
+#else
+    (void)lo;
+    (void)mid;
+    (void)hi;
+#endif
   }
 
   std::size_t vocab_ = 0;
