@@ -245,6 +245,9 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
       {"--strategy", "prompt-lookup", "--branches", "3", "--ngram", "2"},
       {"--strategy", "layer-skip"},
       {"--strategy", "layer-skip", "--skip-layers", "1,3", "--confidence", "0.2"},
+      {"--strategy", "lookahead"},
+      {"--strategy", "lookahead", "--lookahead-window", "3", "--lookahead-ngram", "3"},
+      {"--strategy", "jacobi", "-k", "5"},
   };
   for (auto const& c : cases) {
     std::vector<std::string> args = once({"-n", "48", "--compare"});

@@ -45,6 +45,11 @@ struct options {
   std::size_t ngram_min = 1;                             //!< --ngram-min (prompt-lookup)
   std::size_t branches = 1;                              //!< --branches (prompt-lookup)
   bool lookup_flag_given = false;                        //!< whether a prompt-lookup flag was given
+  std::optional<std::string> datastore;                  //!< --datastore (rest)
+  std::size_t lookahead_window = 5;                      //!< --lookahead-window W (lookahead)
+  std::size_t lookahead_ngram = 4;                       //!< --lookahead-ngram N (lookahead)
+  std::size_t lookahead_guesses = 5;                     //!< --lookahead-guesses G (lookahead)
+  bool lookahead_flag_given = false;                     //!< whether a lookahead flag was given
   float temperature = 0.0f;                              //!< --temp (0 = greedy)
   std::int32_t top_k = 0;                                //!< --top-k (0 = off)
   float top_p = 1.0f;                                    //!< --top-p (1 = off)
@@ -64,8 +69,8 @@ struct options {
 
 //! The strategy names --strategy accepts, in the order --help lists them (kept in step with the
 //! table in strategies.hpp by a check there).
-inline constexpr std::string_view strategy_names[] = {"autoregressive", "draft", "prompt-lookup",
-                                                      "layer-skip"};
+inline constexpr std::string_view strategy_names[] = {
+    "autoregressive", "draft", "prompt-lookup", "layer-skip", "rest", "lookahead", "jacobi"};
 
 //! The --help text.
 inline std::string help_text() {
@@ -84,8 +89,9 @@ model:
   --context N             positions of the KV caches (default: the model's seq_len)
 
 strategy:
-  --strategy NAME         autoregressive | draft | prompt-lookup | layer-skip (default: draft
-                          when --draft is given, else prompt-lookup)
+  --strategy NAME         autoregressive | draft | prompt-lookup | layer-skip | rest |
+                          lookahead | jacobi (default: draft when --draft is given, else
+                          prompt-lookup)
   -k N                    draft length per step; for prompt-lookup the tree depth (default 4)
   --draft PATH            the draft model of --strategy draft (same vocabulary as the target)
   --skip-layers LIST      layers the layer-skip draft skips, e.g. 2 or 1,3 (default: the middle
@@ -97,6 +103,12 @@ strategy:
   --ngram N               prompt-lookup: longest n-gram matched, 1..16 (default 3)
   --ngram-min N           prompt-lookup: shortest n-gram matched (default 1)
   --branches N            prompt-lookup: continuations merged into a tree (default 1 = chain)
+  --datastore PATH        rest: the retrieval datastore (built by specdec-datastore); -k sets
+                          the tree depth (default 8; at most 32 nodes)
+  --lookahead-window W    lookahead: Jacobi window width, 1..256 (default 5)
+  --lookahead-ngram N     lookahead: n-gram size (window levels + 1), 2..16 (default 4)
+  --lookahead-guesses G   lookahead: candidate n-grams verified per step, 0..256 (default 5)
+                          (jacobi: -k guesses per step, greedy only)
 
 sampling:
   --temp T                temperature, >= 0 (default 0 = greedy)
@@ -222,7 +234,8 @@ inline options parse_options(std::span<char const* const> args) {
       for (std::string_view s : strategy_names) known = known || s == o.strategy;
       if (!known)
         throw usage_error("unknown strategy '" + o.strategy +
-                          "' (autoregressive, draft, prompt-lookup, layer-skip)");
+                          "' (autoregressive, draft, prompt-lookup, layer-skip, rest, "
+                          "lookahead, jacobi)");
     } else if (flag == "--prompt") {
       o.prompt = value();
     } else if (flag == "--prompt-file") {
@@ -249,6 +262,17 @@ inline options parse_options(std::span<char const* const> args) {
     } else if (flag == "--branches") {
       o.branches = detail::parse_count(flag, value(), 1, 4095);
       o.lookup_flag_given = true;
+    } else if (flag == "--datastore") {
+      o.datastore = value();
+    } else if (flag == "--lookahead-window") {
+      o.lookahead_window = detail::parse_count(flag, value(), 1, 256);
+      o.lookahead_flag_given = true;
+    } else if (flag == "--lookahead-ngram") {
+      o.lookahead_ngram = detail::parse_count(flag, value(), 2, 16);
+      o.lookahead_flag_given = true;
+    } else if (flag == "--lookahead-guesses") {
+      o.lookahead_guesses = detail::parse_count(flag, value(), 0, 256);
+      o.lookahead_flag_given = true;
     } else if (flag == "--temp" || flag == "--temperature") {
       o.temperature = detail::parse_in(flag, value(), 0.0f, inf, false, ">= 0");
     } else if (flag == "--top-k") {
@@ -301,6 +325,17 @@ inline options parse_options(std::span<char const* const> args) {
     throw usage_error("--skip-layers applies to --strategy layer-skip only");
   if (o.strategy != "prompt-lookup" && o.lookup_flag_given)
     throw usage_error("--ngram, --ngram-min and --branches apply to --strategy prompt-lookup only");
+  if (o.strategy == "rest" && !o.datastore)
+    throw usage_error(
+        "--strategy rest needs a datastore (--datastore PATH; see specdec-datastore)");
+  if (o.strategy != "rest" && o.datastore)
+    throw usage_error("--datastore applies to --strategy rest only");
+  if (o.strategy != "lookahead" && o.lookahead_flag_given)
+    throw usage_error(
+        "--lookahead-window, --lookahead-ngram and --lookahead-guesses apply to --strategy "
+        "lookahead only");
+  if (o.strategy == "jacobi" && o.temperature > 0.0f)
+    throw usage_error("--strategy jacobi is greedy decoding only (--temp 0)");
   if (o.ngram_min > o.ngram_max)
     throw usage_error("--ngram-min " + std::to_string(o.ngram_min) + " exceeds --ngram " +
                       std::to_string(o.ngram_max));
@@ -319,6 +354,7 @@ inline options parse_options(std::span<char const* const> args) {
   detail::require_file("--model", o.model);
   if (o.tokenizer) detail::require_file("--tokenizer", *o.tokenizer);
   if (o.draft) detail::require_file("--draft", *o.draft);
+  if (o.datastore) detail::require_file("--datastore", *o.datastore);
   if (o.prompt_file) detail::require_file("--prompt-file", *o.prompt_file);
   return o;
 }

@@ -89,6 +89,10 @@ inline void print_table(std::FILE* f, run_output const& run, comparison const* c
   row(f, "drafted",
       format("%zu tokens (%.2f per step, largest tree %zu)", s.drafted, s.mean_tree_size(),
              s.max_tree_size));
+  if (s.aux_tokens != 0)
+    row(f, "auxiliary",
+        format("%zu tokens scored beside the trees (%.2f per step)", s.aux_tokens,
+               static_cast<double>(s.aux_tokens) / static_cast<double>(s.steps)));
   row(f, "accepted", format("%zu tokens", s.accepted));
   row(f, "acceptance rate", format("%.1f%% of drafted tokens", 100.0 * s.acceptance_rate()));
   std::vector<double> const by_depth = acceptance_by_depth(s);
@@ -140,6 +144,7 @@ inline std::string stats_json(run_output const& run, comparison const* cmp) {
       .count("steps", s.steps)
       .count("drafted", s.drafted)
       .count("accepted", s.accepted)
+      .count("aux_tokens", s.aux_tokens)
       .number("acceptance_rate", s.acceptance_rate())
       .raw("drafted_at_depth", json_int_array(std::span<std::size_t const>(s.drafted_at_depth)))
       .raw("accepted_at_depth", json_int_array(std::span<std::size_t const>(s.accepted_at_depth)));

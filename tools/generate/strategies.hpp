@@ -31,8 +31,11 @@
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
+#include "specdec/propose/lookahead.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/propose/rest.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
@@ -173,6 +176,49 @@ inline run_output run_prompt_lookup(session& s) {
                          "tree (point masses)");
 }
 
+//! --strategy rest: continuations retrieved from a datastore (--datastore) draft a tree.
+inline run_output run_rest(session& s) {
+  auto const datastore =
+      std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(*s.opt.datastore));
+  SPECDEC_CHECK(datastore->vocab_size() <= s.target.vocab_size(), invalid_argument,
+                "--datastore: its vocabulary of ", datastore->vocab_size(),
+                " ids exceeds the model's ", s.target.vocab_size());
+  sd::rest_config config;
+  if (s.opt.k_given) config.depth = s.opt.k;
+  sd::rest_proposer proposer(datastore, config);
+  std::string const description = "REST, " + std::to_string(datastore->size()) +
+                                  "-entry datastore, depth " + std::to_string(config.depth) + ", " +
+                                  std::to_string(config.max_nodes) + " nodes";
+  if (s.greedy())
+    return run_speculative(s, proposer, sd::greedy_verifier{}, config.max_nodes, description,
+                           "greedy");
+  return run_speculative(s, proposer, sd::tree_verifier{}, config.max_nodes, description,
+                         "tree (point masses)");
+}
+
+//! --strategy lookahead: a Jacobi window (auxiliary tokens) feeds an n-gram pool whose candidates
+//! for the last token are verified as a tree, both in one forward.
+inline run_output run_lookahead(session& s) {
+  options const& o = s.opt;
+  sd::lookahead_proposer proposer(
+      {.window = o.lookahead_window, .ngram = o.lookahead_ngram, .guesses = o.lookahead_guesses});
+  std::string const description = "lookahead, W = " + std::to_string(o.lookahead_window) +
+                                  ", N = " + std::to_string(o.lookahead_ngram) +
+                                  ", G = " + std::to_string(o.lookahead_guesses);
+  std::size_t const nodes = std::max<std::size_t>(1, o.lookahead_guesses * (o.lookahead_ngram - 1));
+  if (s.greedy())
+    return run_speculative(s, proposer, sd::greedy_verifier{}, nodes, description, "greedy");
+  return run_speculative(s, proposer, sd::tree_verifier{}, nodes, description,
+                         "tree (point masses)");
+}
+
+//! --strategy jacobi: a block of k guesses refined by the target's own predictions (greedy).
+inline run_output run_jacobi(session& s) {
+  sd::jacobi_proposer proposer({.block = s.opt.k});
+  return run_speculative(s, proposer, sd::greedy_verifier{}, s.opt.k,
+                         "Jacobi, k = " + std::to_string(s.opt.k), "greedy");
+}
+
 //! One --strategy value.
 struct strategy {
   std::string_view name;          //!< the --strategy value
@@ -185,6 +231,9 @@ inline constexpr strategy strategies[] = {
     {"draft", run_draft},
     {"prompt-lookup", run_prompt_lookup},
     {"layer-skip", run_layer_skip},
+    {"rest", run_rest},
+    {"lookahead", run_lookahead},
+    {"jacobi", run_jacobi},
 };
 
 static_assert(std::size(strategies) == std::size(strategy_names),
