@@ -3,10 +3,12 @@
 //
 // 1. The stories260K fixture: over the 14 prompts of tinystories_prompts.jsonl, 128 new tokens
 //    each, greedy and temperature 1, each strategy (draft model, prompt lookup as a chain and as a
-//    tree, layer skip) and the autoregressive baseline, prompt by prompt in turn: tokens/s of
-//    both, speedup, mean accepted length, and the library's own overhead -- all decode time not
-//    spent in model forwards (target and draft), as a share of the decode-step time. Forward time
-//    is counted by `timed_lm`, an adapter around the model that satisfies causal_lm.
+//    tree, layer skip, REST with a datastore of fixture-sampled text or of the 14 TinyStories
+//    stories, lookahead W5 N4 G5, Jacobi k=4 greedy) and the autoregressive baseline, prompt by
+//    prompt in turn: tokens/s of both, speedup, mean accepted length, mean tree size (+ auxiliary
+//    tokens per step), and the library's own overhead -- all decode time not spent in model
+//    forwards (target and draft), as a share of the decode-step time. Forward time is counted by
+//    `timed_lm`, an adapter around the model that satisfies causal_lm.
 // 2. Controlled acceptance: a random-weight target of the stories110M shape (dim 768, hidden 2048,
 //    12 layers, 12 heads, vocabulary 32000) and an oracle proposer that drafts the target's own
 //    greedy continuation (computed once by the baseline run), corrupting each drafted token with
@@ -61,8 +63,11 @@
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
+#include "specdec/propose/lookahead.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/propose/rest.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
@@ -193,6 +198,7 @@ struct fixture {
 //! Sums over requests of one decoder.
 struct totals {
   std::size_t generated = 0, steps = 0, drafted = 0, accepted = 0;
+  std::size_t aux_tokens = 0;    //!< auxiliary tokens scored beside the trees (lookahead)
   double seconds = 0.0;          //!< wall time, prefill included
   double decode_seconds = 0.0;   //!< wall time after the prefill
   double forward_seconds = 0.0;  //!< model forward time after the prefill (target + draft)
@@ -202,6 +208,7 @@ struct totals {
     steps += s.steps;
     drafted += s.drafted;
     accepted += s.accepted;
+    aux_tokens += s.aux_tokens;
     seconds += s.total_seconds;
     decode_seconds += s.total_seconds - s.prefill_seconds;
     forward_seconds += forwards;
@@ -264,6 +271,10 @@ void set_counters(benchmark::State& state, totals const& spec, totals const& bas
       spec.drafted > 0 ? static_cast<double>(spec.accepted) / static_cast<double>(spec.drafted)
                        : 0.0;
   state.counters["overhead_pct"] = 100.0 * spec.overhead();
+  state.counters["tree"] =
+      spec.steps > 0 ? static_cast<double>(spec.drafted) / static_cast<double>(spec.steps) : 0.0;
+  state.counters["aux_per_step"] =
+      spec.steps > 0 ? static_cast<double>(spec.aux_tokens) / static_cast<double>(spec.steps) : 0.0;
   state.counters["base_overhead_pct"] = 100.0 * base.overhead();
 }
 
@@ -369,6 +380,116 @@ void bench_prompt_lookup(benchmark::State& state, std::size_t branches, bool gre
                                     fixture_config(fixture_k * branches));
     run_fixture(state, name, target, decoder, nullptr, false);
   }
+}
+
+//! The fixture's REST datastores: 0 = 200 stories of 256 tokens sampled from the fixture itself
+//! (temperature 1, top-p 0.9, seeds 1..200, after BOS); 1 = the 14 TinyStories stories of
+//! tinystories_prompts.jsonl (their "story" field, which begins with the prompt).
+std::shared_ptr<sd::rest_datastore const> rest_datastore(int source) {
+  static std::shared_ptr<sd::rest_datastore const> cache[2];
+  if (cache[source]) return cache[source];
+  fixture const& f = fixture::get();
+  sd::rest_datastore_builder b(static_cast<std::size_t>(f.weights->config.vocab_size));
+  if (source == 0) {
+    sd::cpu_llama model(f.weights, one_thread());
+    sd::sampling_params p;
+    p.temperature = 1.0f;
+    p.top_p = 0.9f;
+    sd::decode_config c;
+    c.max_new_tokens = 256;
+    sd::autoregressive_decoder ar(model, sd::sampler(p), c);
+    std::vector<sd::token_id> const bos{1};
+    for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+      ar.config().seed = seed;
+      b.add(ar.generate(bos).tokens);
+    }
+  } else {
+    fs::path const models = shared_dir("SPECDEC_MODEL_DIR", "models");
+    sd::tokenizer const tok = sd::load_tokenizer(models / "stories260K.bin", models / "tok512.bin");
+    std::ifstream in(require(shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+      std::size_t const key = line.find("\"story\": \"");
+      if (key == std::string::npos) continue;
+      std::string text;
+      for (std::size_t i = key + 10; i < line.size() && line[i] != '"'; ++i) {
+        if (line[i] == '\\' && i + 1 < line.size()) {
+          char const e = line[++i];
+          if (e == 'n') {
+            text += '\n';
+          } else if (e == 'u' && i + 4 < line.size()) {  // a 4-hex-digit escape: UTF-8
+            unsigned const cp =
+                static_cast<unsigned>(std::stoul(line.substr(i + 1, 4), nullptr, 16));
+            i += 4;
+            if (cp < 0x80) {
+              text += static_cast<char>(cp);
+            } else if (cp < 0x800) {
+              text += static_cast<char>(0xC0 | (cp >> 6));
+              text += static_cast<char>(0x80 | (cp & 0x3F));
+            } else {
+              text += static_cast<char>(0xE0 | (cp >> 12));
+              text += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+              text += static_cast<char>(0x80 | (cp & 0x3F));
+            }
+          } else {
+            text += e;
+          }
+          continue;
+        }
+        text += line[i];
+      }
+      b.add(tok.encode(text, false));
+    }
+  }
+  cache[source] = std::make_shared<sd::rest_datastore const>(b.build());
+  return cache[source];
+}
+
+void bench_rest(benchmark::State& state, int source, bool greedy) {
+  fixture const& f = fixture::get();
+  auto const ds = rest_datastore(source);
+  timed_cpu target(f.weights, one_thread());
+  sd::rest_proposer proposer(ds);  // n_max 16, 128 occurrences, depth 8, 32 nodes
+  std::string const name = std::string("REST ") + (source == 0 ? "fixture text" : "stories") +
+                           " (" + std::to_string(ds->size() / 1000) + "k), " +
+                           (greedy ? "greedy" : "temp 1");
+  std::size_t const nodes = proposer.config().max_nodes;
+  if (greedy) {
+    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
+                                    fixture_config(nodes));
+    run_fixture(state, name, target, decoder, nullptr, true);
+  } else {
+    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
+                                    fixture_config(nodes));
+    run_fixture(state, name, target, decoder, nullptr, false);
+  }
+}
+
+void bench_lookahead(benchmark::State& state, bool greedy) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  sd::lookahead_config const config{.window = 5, .ngram = 4, .guesses = 5};
+  sd::lookahead_proposer proposer(config);
+  std::string const name = std::string("lookahead W5 N4 G5, ") + (greedy ? "greedy" : "temp 1");
+  std::size_t const nodes = config.guesses * (config.ngram - 1);
+  if (greedy) {
+    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
+                                    fixture_config(nodes));
+    run_fixture(state, name, target, decoder, nullptr, true);
+  } else {
+    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
+                                    fixture_config(nodes));
+    run_fixture(state, name, target, decoder, nullptr, false);
+  }
+}
+
+void bench_jacobi(benchmark::State& state) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  sd::jacobi_proposer proposer({.block = fixture_k});
+  sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
+                                  fixture_config(fixture_k));
+  run_fixture(state, "Jacobi k=4, greedy", target, decoder, nullptr, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -592,17 +713,21 @@ void print_summary() {
         "prompt by prompt in turn\nwith each strategy. overhead = decode time outside model "
         "forwards (target + draft) / decode time.\n\n",
         fixture_tokens, fixture_k);
-    std::printf("%-36s %10s %10s %8s %9s %9s %10s %9s\n", "strategy", "tok/s", "base tok/s",
-                "speedup", "acc.len", "acc.rate", "overhead", "<= 5%");
+    std::printf("%-36s %10s %10s %8s %9s %9s %10s %9s %12s\n", "strategy", "tok/s", "base tok/s",
+                "speedup", "acc.len", "acc.rate", "overhead", "<= 5%", "tree (+aux)");
     for (fixture_row const& r : fixture_rows) {
       double const rate = r.spec.drafted > 0 ? static_cast<double>(r.spec.accepted) /
                                                    static_cast<double>(r.spec.drafted)
                                              : 0.0;
-      std::printf("%-36s %10.0f %10.0f %7.2fx %9.2f %8.1f%% %9.1f%% %9s\n", r.name.c_str(),
+      double const steps = std::max<double>(1.0, static_cast<double>(r.spec.steps));
+      std::string tree = std::to_string(static_cast<double>(r.spec.drafted) / steps).substr(0, 4);
+      if (r.spec.aux_tokens != 0)
+        tree += " +" + std::to_string(static_cast<double>(r.spec.aux_tokens) / steps).substr(0, 4);
+      std::printf("%-36s %10.0f %10.0f %7.2fx %9.2f %8.1f%% %9.1f%% %9s %12s\n", r.name.c_str(),
                   r.spec.tokens_per_second(), r.base.tokens_per_second(),
                   r.spec.tokens_per_second() / r.base.tokens_per_second(),
                   r.spec.mean_accepted_length(), 100.0 * rate, 100.0 * r.spec.overhead(),
-                  verdict(r.spec.overhead() <= 0.05));
+                  verdict(r.spec.overhead() <= 0.05), tree.c_str());
     }
     double worst = 0.0;
     for (fixture_row const& r : fixture_rows) worst = std::max(worst, r.base.overhead());
@@ -661,6 +786,21 @@ int main(int argc, char** argv) {
       ->Iterations(3);
   benchmark::RegisterBenchmark("fixture/layer_skip/temp1", bench_layer_skip<draft_mode::sample>)
       ->Iterations(3);
+  for (int source : {0, 1})
+    for (bool greedy : {true, false})
+      benchmark::RegisterBenchmark(
+          (std::string("fixture/rest_") + (source == 0 ? "fixture_text" : "stories") +
+           (greedy ? "/greedy" : "/temp1"))
+              .c_str(),
+          [source, greedy](benchmark::State& s) { bench_rest(s, source, greedy); })
+          ->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/lookahead/greedy", [](benchmark::State& s) {
+    bench_lookahead(s, true);
+  })->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/lookahead/temp1", [](benchmark::State& s) {
+    bench_lookahead(s, false);
+  })->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/jacobi/greedy", bench_jacobi)->Iterations(3);
   for (double a : {0.5, 0.7, 0.9}) {
     benchmark::RegisterBenchmark(
         ("controlled/acceptance:" + std::to_string(a).substr(0, 3)).c_str(),
