@@ -49,13 +49,14 @@ inline specdec::tokenizer const& tok512() {
   return tok;
 }
 
-// The draft model trained for the fixture (tools/draft/stories_draft.bin in the source tree), or
-// an empty path when it is not there.
+// The draft model trained for the fixture, tools/draft/stories_draft.bin in the source tree;
+// fails the test when it is missing.
 inline std::filesystem::path draft_model_path() {
   std::filesystem::path const here(__FILE__);
   std::filesystem::path const path =
       here.parent_path().parent_path().parent_path() / "tools" / "draft" / "stories_draft.bin";
-  return std::filesystem::exists(path) ? path : std::filesystem::path();
+  if (!std::filesystem::exists(path)) FAIL("missing the trained draft model " << path.string());
+  return path;
 }
 
 // BOS + encode("Once upon a time") (MANIFEST.md).

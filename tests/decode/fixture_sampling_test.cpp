@@ -220,7 +220,7 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     sd::speculative_decoder dec(target, p, sd::tree_verifier{}, target_policy(), two_tokens());
     check_counts(sample_pairs(dec, prompt), joint, trials, "layer skip, sampled, tree verifier");
   }
-  SUBCASE("draft model, greedy drafts (point masses), tree verifier") {
+  SUBCASE("layer skip, greedy drafts (point masses), tree verifier") {
     sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::greedy> p(
         {.skip_layers = {2}, .draft = {.k = 3}}, target_policy(), weights, one_thread());
     sd::speculative_decoder dec(target, p, sd::tree_verifier{}, target_policy(), two_tokens());
@@ -228,19 +228,17 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     check_counts(sample_pairs(dec, prompt, &s), joint, trials, "greedy drafts, tree verifier");
     CHECK(s.accepted > 0);
   }
-  SUBCASE("trained draft model, if present") {
-    auto const path = fixture::draft_model_path();
-    if (path.empty()) {
-      MESSAGE("tools/draft/stories_draft.bin not found; skipping the trained-draft configuration");
-    } else {
-      sd::cpu_llama draft(std::make_shared<sd::llama_weights const>(sd::load_model(path)),
-                          one_thread());
-      sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
-          draft, target, target_policy(), {.k = 3});
-      sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),
-                                  two_tokens());
-      check_counts(sample_pairs(dec, prompt), joint, trials, "trained draft, sampled");
-    }
+  SUBCASE("trained draft model, sampled drafts, speculative sampling") {
+    sd::cpu_llama draft(
+        std::make_shared<sd::llama_weights const>(sd::load_model(fixture::draft_model_path())),
+        one_thread());
+    sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
+        draft, target, target_policy(), {.k = 3});
+    sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),
+                                two_tokens());
+    sd::request_stats s;
+    check_counts(sample_pairs(dec, prompt, &s), joint, trials, "trained draft, sampled");
+    CHECK(s.accepted > s.drafted / 10);  // about 17% after this prompt: acceptance does occur
   }
 }
 
