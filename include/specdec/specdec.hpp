@@ -1,7 +1,20 @@
 #pragma once
 //! \file
 //! The umbrella header: everything in specdec except backend/ and interop/.
+//!
+//! It needs only the standard library (and POSIX for the memory-mapped model and datastore
+//! files): the model backends, which need Eigen or CUDA, and the adapters for outside containers,
+//! which need xtensor, are included on their own:
+//!
+//! ```cpp
+//! #include <specdec/specdec.hpp>              // concepts, sampling, verify, propose, decode, ...
+//! #include <specdec/backend/cpu/llama.hpp>    // cpu_llama (Eigen)
+//! #include <specdec/interop/xtensor.hpp>      // xtensor <-> matrix_view (xtensor)
+//! #include <specdec/interop/raw.hpp>          // C arrays -> forward_request, draft_tree, ...
+//! ```
 
+// core/: the shared types and the five concepts.
+#include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
@@ -12,3 +25,52 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
+
+// sampling/: sampling policies (greedy, sampler), softmax, drawing from a distribution.
+#include "specdec/sampling/kernels.hpp"
+#include "specdec/sampling/policy.hpp"
+#include "specdec/sampling/sample.hpp"
+#include "specdec/sampling/select.hpp"
+#include "specdec/sampling/softmax.hpp"
+
+// verify/: greedy, speculative sampling (chains), tree sampling, typical acceptance.
+#include "specdec/verify/common.hpp"
+#include "specdec/verify/greedy.hpp"
+#include "specdec/verify/speculative_sampling.hpp"
+#include "specdec/verify/tree_sampling.hpp"
+#include "specdec/verify/typical_acceptance.hpp"
+
+// propose/: one header per drafting strategy.
+#include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/jacobi.hpp"
+#include "specdec/propose/layer_skip.hpp"
+#include "specdec/propose/lookahead.hpp"
+#include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/propose/rest.hpp"
+#include "specdec/propose/rest_datastore.hpp"
+
+// kv/: KV cache layouts.
+#include "specdec/kv/contiguous_cache.hpp"
+
+// model/: model files (llama2.c, GGUF), tokenizers, random models of any shape.
+#include "specdec/model/binary_io.hpp"
+#include "specdec/model/gguf.hpp"
+#include "specdec/model/gguf_writer.hpp"
+#include "specdec/model/half.hpp"
+#include "specdec/model/llama2c.hpp"
+#include "specdec/model/llama_weights.hpp"
+#include "specdec/model/load.hpp"
+#include "specdec/model/mapped_file.hpp"
+#include "specdec/model/random.hpp"
+#include "specdec/model/tokenizer.hpp"
+#include "specdec/model/weight_storage.hpp"
+
+// decode/: the speculative decoder and the autoregressive baseline.
+#include "specdec/decode/autoregressive.hpp"
+#include "specdec/decode/common.hpp"
+#include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/decode/verifier_traits.hpp"
+
+// reference/: slow, obviously correct versions that tests compare against.
+#include "specdec/reference/sampling.hpp"
+#include "specdec/reference/verify.hpp"
