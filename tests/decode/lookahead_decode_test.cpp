@@ -1,7 +1,8 @@
 // Lookahead decoding end to end: greedy output token-identical to autoregressive decoding (the toy
 // model, which checks every mask and position it is given, and the stories260K fixture on every
-// TinyStories prompt), the auxiliary KV entries dropped at each commit, and under sampling the
-// chi-square test of the first two tokens against the exact distribution.
+// TinyStories prompt with the default configuration, every third with a wider window), the
+// auxiliary KV entries dropped at each commit, and under sampling the chi-square test of the first
+// two tokens against the exact distribution.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -82,6 +83,7 @@ TEST_CASE("fixture: greedy lookahead == greedy autoregressive on every TinyStori
     auto const reference = ar.generate(prompts[i]);
     REQUIRE(reference.tokens.size() == 128);
     for (std::size_t c = 0; c < configs.size(); ++c) {
+      if (c > 0 && i % 3 != 0) continue;  // the second configuration on every third prompt
       CAPTURE(c);
       sd::lookahead_proposer p(configs[c]);
       sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);

@@ -1,6 +1,7 @@
 // REST end to end on the stories260K fixture: datastores built from the TinyStories stories of
 // tinystories_prompts.jsonl and from text sampled from the fixture itself; greedy output
-// token-identical to autoregressive decoding on every prompt (and the manifest's reference ids),
+// token-identical to autoregressive decoding on every prompt with the second (every other prompt
+// with the first), and the manifest's reference ids,
 // the datastore file round trip under decoding, and under sampling the chi-square test of the
 // first two tokens against the exact distribution.
 #include <doctest/doctest.h>
@@ -132,6 +133,7 @@ TEST_CASE("fixture: greedy REST == greedy autoregressive on every TinyStories pr
     auto const reference = ar.generate(prompts[i]);
     REQUIRE(reference.tokens.size() == 128);
     for (std::size_t k = 0; k < setups.size(); ++k) {
+      if (k == 0 && i % 2 != 0) continue;  // the stories datastore on every other prompt
       std::string const name = setups[k].name;
       CAPTURE(name);
       sd::rest_proposer p(setups[k].ds, setups[k].config);
