@@ -114,7 +114,7 @@ TEST_CASE("no allocation per step") {
   }
   SUBCASE("layer skip, greedy") {
     sd::layer_skip_proposer<toy::toy_lm, sd::greedy> p({.skip_layers = {1}}, sd::greedy{}, vocab,
-                                                       600);
+                                                       std::size_t{600});
     sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{});
     CHECK(allocations_of(dec, 160, out) == allocations_of(dec, 40, out));
   }

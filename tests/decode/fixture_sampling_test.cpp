@@ -98,9 +98,10 @@ double chi2_threshold(double dof) {
 void check_counts(std::map<pair_key, std::size_t> const& counts,
                   std::map<pair_key, double> const& joint, std::size_t n, std::string const& what) {
   CAPTURE(what);
-  for (auto const& [key, c] : counts) {
-    auto const it = joint.find(key);
-    INFO("emitted (" << key.first << ", " << key.second << ") " << c << " times");
+  for (auto const& entry : counts) {
+    auto const it = joint.find(entry.first);
+    INFO("emitted (" << entry.first.first << ", " << entry.first.second << ") " << entry.second
+                     << " times");
     CHECK((it != joint.end() && it->second > 0.0));
   }
   auto chi2 = [&](auto const& observed, auto const& expected_prob) {
@@ -124,7 +125,9 @@ void check_counts(std::map<pair_key, std::size_t> const& counts,
     }
     return std::pair<double, std::size_t>(stat, cells);
   };
-  auto const [stat2, cells2] = chi2(counts, joint);
+  auto const joint_result = chi2(counts, joint);
+  double const stat2 = joint_result.first;
+  std::size_t const cells2 = joint_result.second;
   REQUIRE(cells2 >= 2);
   double const limit2 = chi2_threshold(static_cast<double>(cells2 - 1));
   INFO("joint of (x1, x2): chi2 = " << stat2 << " over " << cells2 << " cells, limit " << limit2);
@@ -134,7 +137,9 @@ void check_counts(std::map<pair_key, std::size_t> const& counts,
   std::map<sd::token_id, double> p1;
   for (auto const& [key, c] : counts) c1[key.first] += c;
   for (auto const& [key, p] : joint) p1[key.first] += p;
-  auto const [stat1, cells1] = chi2(c1, p1);
+  auto const marginal_result = chi2(c1, p1);
+  double const stat1 = marginal_result.first;
+  std::size_t const cells1 = marginal_result.second;
   if (cells1 >= 2) {
     double const limit1 = chi2_threshold(static_cast<double>(cells1 - 1));
     INFO("marginal of x1: chi2 = " << stat1 << " over " << cells1 << " cells, limit " << limit1);

@@ -323,8 +323,8 @@ TEST_CASE("configuration errors") {
                   sd::error);
   CHECK_THROWS_AS(toy_greedy(draft, vocab, sd::greedy{}, {.k = 3, .confidence_threshold = 1.5f}),
                   sd::error);
-  CHECK_THROWS_AS((sd::layer_skip_proposer<toy::toy_lm, sd::greedy>({.skip_layers = {-1}},
-                                                                    sd::greedy{}, vocab, 300)),
+  CHECK_THROWS_AS((sd::layer_skip_proposer<toy::toy_lm, sd::greedy>(
+                      {.skip_layers = {-1}}, sd::greedy{}, vocab, std::size_t{300})),
                   sd::error);
   // A layer the model does not have: the model reports it at the first draft forward.
   auto const weights = fixture::stories260k();

@@ -234,8 +234,9 @@ TEST_CASE("prompt lookup: a long repetitive history stays consistent as the inde
   sd::philox rng(5);
   sd::draft_tree tree(12);
   for (int i = 0; i < 3000; ++i) {
-    h.push_back(static_cast<sd::token_id>(rng.next_u32() % 50 < 45 ? (h.back() * 7 + 3) % 31
-                                                                   : rng.next_u32() % 400));
+    h.push_back(static_cast<sd::token_id>(rng.next_u32() % 50 < 45
+                                              ? static_cast<std::uint32_t>(h.back() * 7 + 3) % 31
+                                              : rng.next_u32() % 400));
     if (i % 100 == 99) {
       p.propose(make_ctx(h, 11), tree);
       check_same(tree, brute_force(h, c, 11));
