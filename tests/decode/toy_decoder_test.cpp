@@ -361,7 +361,8 @@ TEST_CASE("statistics fields") {
   CHECK(s.max_tree_size == 4);
   REQUIRE(s.drafted_at_depth.size() == 4);
   REQUIRE(s.accepted_at_depth.size() == 4);
-  CHECK(s.drafted_at_depth[0] == s.steps);
+  // Every step drafts, except possibly the last, whose chain is cut to the tokens still allowed.
+  CHECK(s.drafted_at_depth[0] + 1 >= s.steps);
   std::size_t sum = 0;
   for (std::size_t d = 0; d < 4; ++d) {
     CHECK(s.accepted_at_depth[d] <= s.drafted_at_depth[d]);
@@ -377,6 +378,21 @@ TEST_CASE("statistics fields") {
   CHECK(s.verify_seconds > 0.0);
   CHECK(s.commit_seconds > 0.0);
   CHECK(s.total_seconds >= s.propose_seconds + s.score_seconds + s.verify_seconds);
+}
+
+TEST_CASE("chains are not drafted beyond the tokens still allowed") {
+  toy::toy_lm target(vocab, context);
+  toy::toy_lm draft(vocab, context, 7, 6.0f, 0.8f);
+  sd::draft_model_proposer dm(draft, target, sd::greedy{}, {.k = 6});
+  sd::decode_config c;
+  std::vector<sd::token_id> const prompt{1, 4, 6, 8};
+  for (std::size_t n : {1u, 2u, 3u, 5u}) {
+    c.max_new_tokens = n;
+    sd::speculative_decoder sp(target, dm, sd::greedy_verifier{}, sd::greedy{}, c);
+    auto const r = sp.generate(prompt);
+    CHECK(r.tokens.size() == n);
+    CHECK(r.stats.max_tree_size <= n - 1);
+  }
 }
 
 TEST_CASE("bad prompts and configurations are errors") {

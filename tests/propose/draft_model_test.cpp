@@ -326,12 +326,11 @@ TEST_CASE("configuration errors") {
   CHECK_THROWS_AS((sd::layer_skip_proposer<toy::toy_lm, sd::greedy>(
                       {.skip_layers = {-1}}, sd::greedy{}, vocab, std::size_t{300})),
                   sd::error);
-  // A layer the model does not have: the model reports it at the first draft forward.
+  // A layer the model does not have: rejected at construction (cpu_llama has n_layers()).
   auto const weights = fixture::stories260k();
-  sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> p({.skip_layers = {9}}, sd::greedy{}, weights,
-                                                       one_thread());
-  std::vector<sd::token_id> prompt{1, 403};
-  p.begin(prompt);
-  sd::draft_tree tree(8);
-  CHECK_THROWS_AS(p.propose(make_ctx(prompt, 3), tree), sd::error);
+  CHECK_THROWS_AS((sd::layer_skip_proposer<sd::cpu_llama, sd::greedy>(
+                      {.skip_layers = {5}}, sd::greedy{}, weights, one_thread())),
+                  sd::error);
+  CHECK_NOTHROW((sd::layer_skip_proposer<sd::cpu_llama, sd::greedy>(
+      {.skip_layers = {0, 4}}, sd::greedy{}, weights, one_thread())));
 }

@@ -10,7 +10,8 @@
 //!    already speculated.
 //! 2. each step, with t committed tokens and the target cache holding t - 1 of them:
 //!    - propose: `proposer.propose(ctx, tree)` with `ctx.max_nodes` = min(config.max_draft_nodes,
-//!      the positions left in the context - 1);
+//!      the positions left in the context - 1, and for chain proposers the tokens still allowed by
+//!      max_new_tokens - 1);
 //!    - score: one target forward over the whole tree (tokens = tree tokens, positions =
 //!      t - 1 + depth, mask = the tree's ancestor mask), one logits row per node;
 //!    - verify: `verifier.verify(tree, logits, policy, committed, rng, result)`;
@@ -191,6 +192,10 @@ class speculative_decoder {
       ctx.tokens = committed;
       ctx.target_hidden = hidden_rows;
       ctx.max_nodes = std::min(config_.max_draft_nodes, capacity - base - 1);
+      // A chain deeper than the tokens still allowed cannot be used: a step emits at most its
+      // accepted drafts plus one. (A tree's node count is not its depth, so trees keep the bound.)
+      if constexpr (!produces_trees_v<Proposer>)
+        ctx.max_nodes = std::min(ctx.max_nodes, sink_.remaining() - 1);
       ctx.rng = &rng;
       proposer_->propose(ctx, tree_);
       if constexpr (has_auxiliary_tokens_v<Proposer>) {

@@ -34,8 +34,8 @@ namespace specdec {
 
 //! Configuration of `layer_skip_proposer`.
 struct layer_skip_config {
-  //! Layers (0-based) the draft skips; any order, duplicates ignored; must be non-negative (the
-  //! model rejects layers it does not have at the first forward).
+  //! Layers (0-based) the draft skips; any order, duplicates ignored; each must be a layer of the
+  //! model.
   std::vector<std::int32_t> skip_layers;
   //! Draft length, adaptivity and confidence cutoff (adaptive by default).
   draft_model_config draft = {.k = 4, .adaptive = true, .k_min = 1, .k_max = 8};
@@ -57,12 +57,23 @@ class layer_skip_proposer {
   static constexpr bool needs_target_hidden = false;                  //!< runs on tokens only
 
   //! A proposer whose draft instance is `Model(model_args...)`. Throws `errc::invalid_argument`
-  //! for a negative layer or an invalid draft configuration.
+  //! for a negative layer, a layer beyond the model's (when the model has `n_layers()`; other
+  //! models report it at the first draft forward) or an invalid draft configuration.
   template <class... ModelArgs>
   requires std::constructible_from<Model, ModelArgs&&...> layer_skip_proposer(
       layer_skip_config config, Policy policy, ModelArgs&&... model_args)
       : model_(std::forward<ModelArgs>(model_args)...),
-        drafter_(config.draft, std::move(policy), normalise(std::move(config.skip_layers))) {}
+        drafter_(config.draft, std::move(policy), normalise(std::move(config.skip_layers))) {
+    if constexpr (requires(Model const& m) {
+                    { m.n_layers() } -> std::convertible_to<std::size_t>;
+                  }) {
+      std::span<std::int32_t const> const layers = drafter_.skip_layers();
+      SPECDEC_CHECK(layers.empty() || static_cast<std::size_t>(layers.back()) < model_.n_layers(),
+                    invalid_argument, "layer_skip_proposer: skip layer ",
+                    layers.empty() ? 0 : layers.back(), " is beyond the model's ",
+                    model_.n_layers(), " layers");
+    }
+  }
 
   //! Starts a sequence (see `proposer`).
   void begin(std::span<token_id const> prompt) { drafter_.begin(model_, prompt); }
