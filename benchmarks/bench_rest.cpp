@@ -11,6 +11,8 @@
 //    The step is a greedy REST decoding step on the fixture (1 thread): its target forward over
 //    the drafted tree, verification and commit, the mean of (total - prefill) / steps over the 14
 //    TinyStories prompts, 128 new tokens each, with the 1M fixture-sample datastore.
+// 3. The proposer inside that decode (BM_decode, 1M and 10M datastores): its time per step and its
+//    share of the step (`propose_share`) with the caches as the forwards leave them.
 //
 // Corpora (synthetic, both stated in the output):
 // - "fixture": 200 stories of 256 tokens sampled from stories260K itself (temperature 1, top-p
