@@ -125,6 +125,7 @@ class autoregressive_decoder {
 
   //! The configuration (changes apply from the next request).
   [[nodiscard]] decode_config& config() noexcept { return config_; }
+  //! The configuration, read-only.
   [[nodiscard]] decode_config const& config() const noexcept { return config_; }
   //! The owned sampling policy.
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }

@@ -291,6 +291,7 @@ class speculative_decoder {
 
   //! The configuration (changes apply from the next request).
   [[nodiscard]] decode_config& config() noexcept { return config_; }
+  //! The configuration, read-only.
   [[nodiscard]] decode_config const& config() const noexcept { return config_; }
   //! The owned verifier.
   [[nodiscard]] Verifier& get_verifier() noexcept { return verifier_; }

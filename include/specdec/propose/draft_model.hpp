@@ -194,8 +194,11 @@ class chain_drafter {
     return fwd_.logits_count == 0 ? std::span<float const>()
                                   : fwd_.logits_view().at_row(fwd_.logits_count - 1);
   }
+  //! The configuration (validated).
   [[nodiscard]] draft_model_config const& config() const noexcept { return config_; }
+  //! The policy of the draft rows.
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+  //! [n] the layers skipped in every draft forward, ascending.
   [[nodiscard]] std::span<std::int32_t const> skip_layers() const noexcept { return skip_; }
 
  private:
@@ -293,6 +296,7 @@ class draft_model_proposer {
   [[nodiscard]] std::span<float const> last_logits() const { return drafter_.last_logits(); }
   //! The draft model.
   [[nodiscard]] DraftModel& draft() const noexcept { return *draft_; }
+  //! The configuration (validated).
   [[nodiscard]] draft_model_config const& config() const noexcept { return drafter_.config(); }
 
  private:

@@ -165,9 +165,9 @@ class ngram_index {
 //! (see the file comment). Deterministic candidates; a chain when `max_branches` is 1.
 class prompt_lookup_proposer {
  public:
-  static constexpr bool produces_trees = true;   //!< several continuations make a tree
-  static constexpr bool samples_drafts = false;  //!< deterministic candidates, no q rows
-  static constexpr bool needs_target_hidden = false;
+  static constexpr bool produces_trees = true;        //!< several continuations make a tree
+  static constexpr bool samples_drafts = false;       //!< deterministic candidates, no q rows
+  static constexpr bool needs_target_hidden = false;  //!< works on tokens only
 
   //! A proposer with `config` (validated: `errc::invalid_argument`).
   explicit prompt_lookup_proposer(prompt_lookup_config config = {}) : config_(config) {
@@ -227,6 +227,7 @@ class prompt_lookup_proposer {
   //! Nothing to roll back: the committed tokens reach the index at the next `propose`.
   void accept(verify_result const&) noexcept {}
 
+  //! The configuration (validated).
   [[nodiscard]] prompt_lookup_config const& config() const noexcept { return config_; }
   //! Tokens indexed so far (prompt + committed output).
   [[nodiscard]] std::size_t history_size() const noexcept { return history_.size(); }
