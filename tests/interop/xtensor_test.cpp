@@ -10,6 +10,7 @@
 
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xfixed.hpp>
 #include <xtensor/xmanipulation.hpp>
 #include <xtensor/xtensor.hpp>
 #include <xtensor/xview.hpp>
@@ -294,6 +295,8 @@ static_assert(viewable<xt::xtensor<float, 2> const&>);
 static_assert(viewable<xt::xarray<float>&>);
 static_assert(!viewable<xt::xtensor<float, 2>>);  // a temporary container
 static_assert(!viewable<xt::xarray<float>>);
+static_assert(!viewable<xt::xtensor_fixed<float, xt::xshape<2, 3>>>);
+static_assert(viewable<xt::xtensor_fixed<float, xt::xshape<2, 3>>&>);
 static_assert(!viewable<decltype(std::declval<xt::xtensor<float, 2>&>() + 1.0f)>);  // lazy
 static_assert(si::strided_expression<xt::xtensor<float, 2>>);
 static_assert(!si::strided_expression<decltype(std::declval<xt::xtensor<float, 2>&>() * 2.0f)>);

@@ -50,13 +50,16 @@ namespace specdec::interop {
 namespace detail {
 
 //! Whether E (cv-ref stripped) is an xtensor container that owns its elements (xt::xtensor,
-//! xt::xarray and their other instantiations); a view of a temporary one would dangle.
+//! xt::xarray, xt::xtensor_fixed and their other instantiations); a view of a temporary one
+//! would dangle.
 template <class E>
 struct owns_elements : std::false_type {};
 template <class EC, std::size_t N, xt::layout_type L, class Tag>
 struct owns_elements<xt::xtensor_container<EC, N, L, Tag>> : std::true_type {};
 template <class EC, xt::layout_type L, class SC, class Tag>
 struct owns_elements<xt::xarray_container<EC, L, SC, Tag>> : std::true_type {};
+template <class ET, class S, xt::layout_type L, bool Sharable, class Tag>
+struct owns_elements<xt::xfixed_container<ET, S, L, Sharable, Tag>> : std::true_type {};
 
 //! Formats an xtensor shape or strides sequence as "(a, b, ...)".
 template <class Seq>
