@@ -13,9 +13,9 @@
 //! - `as_span(e)` / `as_mutable_span(e)`: a `std::span` over a contiguous 1-D expression (logits
 //!   row, token ids, positions).
 //! Only expressions with a data interface (`data()`, `strides()`, `data_offset()`) can be viewed;
-//! lazy expressions (`a + b`, `xt::exp(a)`) have no memory to point at: evaluate them first
-//! (`xt::xtensor<float, 2> t = a + b;` or `xt::eval(a + b)`). Viewing a temporary container is a
-//! compile error (the view would dangle).
+//! lazy expressions (`a + b`, `xt::exp(a)`) have no memory to point at: evaluate them into a
+//! named container first (`xt::xtensor<float, 2> t = a + b;`). Viewing a temporary container
+//! (`as_matrix_view(xt::eval(a + b))`) is a compile error: the view would dangle.
 //!
 //! specdec -> xtensor:
 //! - `as_xtensor(matrix_view)`: a 2-D xtensor expression (a strided view over an adaptor) over
