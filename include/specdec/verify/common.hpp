@@ -1,8 +1,17 @@
 #pragma once
 //! \file
 //! What the verifiers share: input validation, the per-node history buffer that penalty-aware
-//! policies see, the inverse-CDF draws (plain, residual max(p - q, 0), with excluded tokens) and
-//! the driver of the ragged batched entry points.
+//! policies see, the inverse-CDF draws (plain, residual max(p - q, 0), with excluded tokens), the
+//! sampling walk of the lossless verifiers, and the ragged batched entry points
+//! (`detail::batch_entry_points`).
+//!
+//! RNG contract, shared by every verifier (greedy.hpp, speculative_sampling.hpp,
+//! tree_sampling.hpp, typical_acceptance.hpp) and by the device kernels: for a tree of n nodes, a
+//! verifier reads word offset() + j, j >= 1, for the acceptance test of node j (when its rule
+//! draws for that test) and word offset() + 0 for the final draw (the residual or bonus token),
+//! and reads no other word; then it advances `rng` by exactly n, whatever the outcome, so that a
+//! decoder's stream stays aligned whichever verifier runs (and with the device kernels). On error
+//! `rng` is unchanged. Each verifier's header says which of these words it reads.
 //!
 //! The draw rule, used for every final (residual or bonus) token of every verifier: with weights
 //! w over the vocabulary and total W = sum(w) (accumulated in double), the drawn token is the first
@@ -544,5 +553,106 @@ void verify_ragged(char const* who, std::size_t batch, TreeAt const& tree_at,
     one(b, *tree_at(b), rows.subrows(first, tree_at(b)->size()));
   }
 }
+
+//! Empties `out` and reserves room for the longest path of `tree` (its accepted nodes, and their
+//! tokens plus the bonus), so that a verifier's walk does not allocate once warm.
+inline void prepare_result(draft_tree const& tree, verify_result& out) {
+  out.clear();
+  auto const depth = static_cast<std::size_t>(tree.max_depth());
+  out.accepted_nodes.reserve(depth);
+  out.tokens.reserve(depth + 1);
+}
+
+//! The state and the entry points of the lossless sampling verifiers
+//! (`speculative_sampling_verifier`, `tree_verifier`): a greedy policy takes `greedy_walk`, any
+//! other `sampling_walk` over the policy's distributions; probability rows take `sampling_walk`
+//! directly. Each call checks the inputs, verifies, and advances `rng` by tree.size().
+class sampling_verifier_core {
+ public:
+  //! Verifies `tree` against `target_logits` ([tree.size(), vocab], row-major) under `policy`.
+  template <sampling_policy Policy>
+  void verify(char const* who, draft_tree const& tree, matrix_view<float const> target_logits,
+              Policy const& policy, std::span<token_id const> history, philox& rng,
+              verify_result& out) {
+    check_inputs(who, tree, target_logits.rows(), target_logits.cols());
+    prepare(tree, target_logits.cols(), out);
+    history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
+    if (policy.is_greedy()) {
+      greedy_walk(who, tree, target_logits, policy, history_, out);
+    } else {
+      policy_rows<Policy> const rows{tree, target_logits, policy, history_};
+      sampling_walk(who, tree, rows, rng, scratch_, out);
+    }
+    rng.skip(tree.size());
+  }
+
+  //! Verifies `tree` against target distribution rows `target_probs` ([tree.size(), vocab],
+  //! row-major).
+  void verify_probs(char const* who, draft_tree const& tree, matrix_view<float const> target_probs,
+                    philox& rng, verify_result& out) {
+    check_inputs(who, tree, target_probs.rows(), target_probs.cols());
+    prepare(tree, target_probs.cols(), out);
+    sampling_walk(who, tree, given_rows{target_probs}, rng, scratch_, out);
+    rng.skip(tree.size());
+  }
+
+ private:
+  void prepare(draft_tree const& tree, std::size_t vocab, verify_result& out) {
+    prepare_result(tree, out);
+    scratch_.prepare(vocab, tree.size());
+  }
+
+  path_history history_;
+  walk_scratch scratch_;
+};
+
+//! The ragged batched entry points of every verifier, written once: a verifier `V` derives from
+//! `batch_entry_points<V>` (and befriends it, so that its `name` can label errors), and these
+//! call `V::verify` / `V::verify_probs` once per sequence.
+//!
+//! Layout: the rows of every sequence are concatenated into one matrix ([num_tokens, vocab],
+//! row-major, num_tokens = cu_nodes[batch]); sequence b has tree `*trees[b]`, rows
+//! [cu_nodes[b], cu_nodes[b + 1]), `histories[b]` (logits entry point), `rngs[b]` and `out[b]`.
+//! Results, and the words each `rngs[b]` consumes, equal per-sequence calls. Every shape is checked
+//! before any sequence is verified (`errc::invalid_argument`: a null tree, cu_nodes not of
+//! batch + 1 non-decreasing entries from 0 to the row count, a sequence whose row count is not its
+//! tree's size, or histories / generators / results not one per tree); an error in sequence b
+//! leaves sequences < b done.
+template <class Derived>
+class batch_entry_points {
+ public:
+  //! Ragged batch over target logits: results equal per-sequence `verify` calls.
+  template <sampling_policy Policy>
+  void verify_batch(std::span<draft_tree const* const> trees,
+                    matrix_view<float const> target_logits, std::span<std::int32_t const> cu_nodes,
+                    Policy const& policy, std::span<std::span<token_id const> const> histories,
+                    std::span<philox> rngs, std::span<verify_result> out) {
+    char const* const who = Derived::name;
+    SPECDEC_CHECK(histories.size() == trees.size(), invalid_argument, who, ": ", histories.size(),
+                  " histories for a batch of ", trees.size());
+    verify_ragged(
+        who, trees.size(), [&](std::size_t b) { return trees[b]; }, target_logits, cu_nodes,
+        rngs.size(), out.size(),
+        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
+          self().verify(t, rows, policy, histories[b], rngs[b], out[b]);
+        });
+  }
+
+  //! Ragged batch over target distribution rows: results equal per-sequence `verify_probs` calls.
+  void verify_probs_batch(std::span<draft_tree const* const> trees,
+                          matrix_view<float const> target_probs,
+                          std::span<std::int32_t const> cu_nodes, std::span<philox> rngs,
+                          std::span<verify_result> out) {
+    verify_ragged(
+        Derived::name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_probs,
+        cu_nodes, rngs.size(), out.size(),
+        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
+          self().verify_probs(t, rows, rngs[b], out[b]);
+        });
+  }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+};
 
 }  // namespace specdec::detail

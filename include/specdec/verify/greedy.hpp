@@ -12,12 +12,10 @@
 //! Cost: one `greedy_token` call per walked row (each row read once); nothing is written per row;
 //! rows off the walked path are never read.
 //!
-//! RNG contract: greedy verification reads no Philox word, but like every verifier it advances
-//! `rng` by exactly `tree.size()` words, whatever the outcome, so that a decoder's stream stays
-//! aligned with the sampling verifiers (and with the device kernels).
+//! RNG contract: that of every verifier (verify/common.hpp). Greedy verification reads no word, but
+//! still advances `rng` by exactly tree.size() words, whatever the outcome.
 
 #include <cstddef>
-#include <cstdint>
 #include <span>
 
 #include "specdec/core/concepts.hpp"
@@ -32,8 +30,10 @@
 namespace specdec {
 
 //! Greedy verification of chains and trees (see the file comment for the exact semantics).
-//! A verifier owns scratch buffers (sized once, reused): use one per thread.
-class greedy_verifier {
+//! The ragged batched entry points `verify_batch` / `verify_probs_batch` are those of
+//! `detail::batch_entry_points`. A verifier owns scratch buffers (sized once, reused): use one per
+//! thread.
+class greedy_verifier : public detail::batch_entry_points<greedy_verifier> {
  public:
   //! Only greedy policies are accepted (`policy.is_greedy()`).
   static constexpr bool greedy_only = true;
@@ -58,7 +58,7 @@ class greedy_verifier {
                   "greedy_verifier: the sampling policy is not greedy (use a sampling verifier, "
                   "e.g. speculative_sampling_verifier or tree_verifier)");
     detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
-    prepare(tree, out);
+    detail::prepare_result(tree, out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     detail::greedy_walk(name, tree, target_logits, policy, history_, out);
     rng.skip(tree.size());
@@ -69,52 +69,14 @@ class greedy_verifier {
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
                     verify_result& out) {
     detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols());
-    prepare(tree, out);
+    detail::prepare_result(tree, out);
     detail::greedy_walk_probs(name, tree, target_probs, out);
     rng.skip(tree.size());
   }
 
-  //! Ragged batch: sequence b has tree `*trees[b]`, rows [cu_nodes[b], cu_nodes[b + 1]) of
-  //! `target_logits` ([num_tokens, vocab], row-major), `histories[b]`, `rngs[b]` and `out[b]`.
-  //! Results equal per-sequence `verify` calls. Every shape is checked before any sequence is
-  //! verified; an error in sequence b leaves sequences < b done.
-  template <sampling_policy Policy>
-  void verify_batch(std::span<draft_tree const* const> trees,
-                    matrix_view<float const> target_logits, std::span<std::int32_t const> cu_nodes,
-                    Policy const& policy, std::span<std::span<token_id const> const> histories,
-                    std::span<philox> rngs, std::span<verify_result> out) {
-    SPECDEC_CHECK(histories.size() == trees.size(), invalid_argument, name, ": ", histories.size(),
-                  " histories for a batch of ", trees.size());
-    detail::verify_ragged(
-        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_logits, cu_nodes,
-        rngs.size(), out.size(),
-        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
-          verify(t, rows, policy, histories[b], rngs[b], out[b]);
-        });
-  }
-
-  //! Ragged batch over target distribution rows; results equal per-sequence `verify_probs`.
-  void verify_probs_batch(std::span<draft_tree const* const> trees,
-                          matrix_view<float const> target_probs,
-                          std::span<std::int32_t const> cu_nodes, std::span<philox> rngs,
-                          std::span<verify_result> out) {
-    detail::verify_ragged(
-        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_probs, cu_nodes,
-        rngs.size(), out.size(),
-        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
-          verify_probs(t, rows, rngs[b], out[b]);
-        });
-  }
-
  private:
+  friend class detail::batch_entry_points<greedy_verifier>;
   static constexpr char const* name = "greedy_verifier";
-
-  static void prepare(draft_tree const& tree, verify_result& out) {
-    out.clear();
-    auto const depth = static_cast<std::size_t>(tree.max_depth());
-    out.accepted_nodes.reserve(depth);
-    out.tokens.reserve(depth + 1);
-  }
 
   detail::path_history history_;
 };

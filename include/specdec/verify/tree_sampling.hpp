@@ -28,10 +28,9 @@
 //! masses (the children covered p's whole support), the token is the last rejected child with
 //! p > 0, which held the remaining mass.
 //!
-//! RNG contract (shared by every verifier and by the device kernels): for a tree of n nodes the
-//! verifier reads word offset() + j, j >= 1, for the acceptance test of node j, and word
-//! offset() + 0 for the final draw (residual or bonus; the inverse-CDF rule of verify/common.hpp,
-//! `sample_from` semantics); then it advances `rng` by exactly n, whatever the outcome.
+//! RNG contract: that of every verifier (verify/common.hpp). The test of node j (sampled child or
+//! point mass) reads word offset() + j; the final draw (residual or bonus) reads word offset() + 0
+//! and follows the draw rule stated there.
 //!
 //! Cost: only rows on the walked path are processed (one `distribution` each); acceptance tests
 //! are gathers; a rejected sampled child costs one residual pass over the vocabulary (a rejected
@@ -43,7 +42,6 @@
 //! front; `verify` validates each q row the walk uses, `verify_probs` checks every value it reads).
 
 #include <cstddef>
-#include <cstdint>
 #include <span>
 
 #include "specdec/core/concepts.hpp"
@@ -58,8 +56,10 @@
 namespace specdec {
 
 //! Verification of multi-candidate trees (see the file comment for the exact semantics).
-//! A verifier owns scratch buffers (sized once, reused): use one per thread.
-class tree_verifier {
+//! The ragged batched entry points `verify_batch` / `verify_probs_batch` are those of
+//! `detail::batch_entry_points`. A verifier owns scratch buffers (sized once, reused): use one per
+//! thread.
+class tree_verifier : public detail::batch_entry_points<tree_verifier> {
  public:
   //! Any sampling policy works (greedy ones take the greedy path).
   static constexpr bool greedy_only = false;
@@ -78,73 +78,21 @@ class tree_verifier {
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
               std::span<token_id const> history, philox& rng, verify_result& out) {
-    detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
-    prepare(tree, target_logits.cols(), out);
-    history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
-    if (policy.is_greedy()) {
-      detail::greedy_walk(name, tree, target_logits, policy, history_, out);
-    } else {
-      detail::policy_rows<Policy> const rows{tree, target_logits, policy, history_};
-      detail::sampling_walk(name, tree, rows, rng, scratch_, out);
-    }
-    rng.skip(tree.size());
+    core_.verify(name, tree, target_logits, policy, history, rng, out);
   }
 
   //! The same over target distribution rows `target_probs` ([tree.size(), vocab], row i = the
   //! policy's distribution at node i). Same RNG contract.
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
                     verify_result& out) {
-    detail::check_inputs(name, tree, target_probs.rows(), target_probs.cols());
-    prepare(tree, target_probs.cols(), out);
-    detail::sampling_walk(name, tree, detail::given_rows{target_probs}, rng, scratch_, out);
-    rng.skip(tree.size());
-  }
-
-  //! Ragged batch: sequence b has tree `*trees[b]`, rows [cu_nodes[b], cu_nodes[b + 1]) of
-  //! `target_logits` ([num_tokens, vocab], row-major), `histories[b]`, `rngs[b]` and `out[b]`.
-  //! Results equal per-sequence `verify` calls. Every shape is checked before any sequence is
-  //! verified; an error in sequence b leaves sequences < b done.
-  template <sampling_policy Policy>
-  void verify_batch(std::span<draft_tree const* const> trees,
-                    matrix_view<float const> target_logits, std::span<std::int32_t const> cu_nodes,
-                    Policy const& policy, std::span<std::span<token_id const> const> histories,
-                    std::span<philox> rngs, std::span<verify_result> out) {
-    SPECDEC_CHECK(histories.size() == trees.size(), invalid_argument, name, ": ", histories.size(),
-                  " histories for a batch of ", trees.size());
-    detail::verify_ragged(
-        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_logits, cu_nodes,
-        rngs.size(), out.size(),
-        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
-          verify(t, rows, policy, histories[b], rngs[b], out[b]);
-        });
-  }
-
-  //! Ragged batch over target distribution rows; results equal per-sequence `verify_probs`.
-  void verify_probs_batch(std::span<draft_tree const* const> trees,
-                          matrix_view<float const> target_probs,
-                          std::span<std::int32_t const> cu_nodes, std::span<philox> rngs,
-                          std::span<verify_result> out) {
-    detail::verify_ragged(
-        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_probs, cu_nodes,
-        rngs.size(), out.size(),
-        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
-          verify_probs(t, rows, rngs[b], out[b]);
-        });
+    core_.verify_probs(name, tree, target_probs, rng, out);
   }
 
  private:
+  friend class detail::batch_entry_points<tree_verifier>;
   static constexpr char const* name = "tree_verifier";
 
-  void prepare(draft_tree const& tree, std::size_t vocab, verify_result& out) {
-    out.clear();
-    auto const depth = static_cast<std::size_t>(tree.max_depth());
-    out.accepted_nodes.reserve(depth);
-    out.tokens.reserve(depth + 1);
-    scratch_.prepare(vocab, tree.size());
-  }
-
-  detail::path_history history_;
-  detail::walk_scratch scratch_;
+  detail::sampling_verifier_core core_;
 };
 
 }  // namespace specdec

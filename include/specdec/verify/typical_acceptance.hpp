@@ -14,8 +14,8 @@
 //! p is one-hot, so exactly the children equal to the greedy token are accepted (epsilon < 1).
 //! q rows are ignored.
 //!
-//! RNG contract (shared by every verifier and by the device kernels): the acceptance tests read no
-//! word; the bonus reads word offset() + 0; then `rng` advances by exactly tree.size().
+//! RNG contract: that of every verifier (verify/common.hpp). The acceptance tests read no word; the
+//! bonus reads word offset() + 0.
 //!
 //! Cost: one `distribution` and one entropy pass per reached node that has children, plus the
 //! last node's row when it is a leaf; unreached rows are never read.
@@ -25,7 +25,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -63,8 +62,10 @@ struct typical_acceptance_params {
 };
 
 //! Typical acceptance over chains and trees (see the file comment for the exact semantics).
-//! A verifier owns scratch buffers (sized once, reused): use one per thread.
-class typical_acceptance_verifier {
+//! The ragged batched entry points `verify_batch` / `verify_probs_batch` are those of
+//! `detail::batch_entry_points`. A verifier owns scratch buffers (sized once, reused): use one per
+//! thread.
+class typical_acceptance_verifier : public detail::batch_entry_points<typical_acceptance_verifier> {
  public:
   //! Any sampling policy works.
   static constexpr bool greedy_only = false;
@@ -115,46 +116,12 @@ class typical_acceptance_verifier {
     rng.skip(tree.size());
   }
 
-  //! Ragged batch: sequence b has tree `*trees[b]`, rows [cu_nodes[b], cu_nodes[b + 1]) of
-  //! `target_logits` ([num_tokens, vocab], row-major), `histories[b]`, `rngs[b]` and `out[b]`.
-  //! Results equal per-sequence `verify` calls. Every shape is checked before any sequence is
-  //! verified; an error in sequence b leaves sequences < b done.
-  template <sampling_policy Policy>
-  void verify_batch(std::span<draft_tree const* const> trees,
-                    matrix_view<float const> target_logits, std::span<std::int32_t const> cu_nodes,
-                    Policy const& policy, std::span<std::span<token_id const> const> histories,
-                    std::span<philox> rngs, std::span<verify_result> out) {
-    SPECDEC_CHECK(histories.size() == trees.size(), invalid_argument, name, ": ", histories.size(),
-                  " histories for a batch of ", trees.size());
-    detail::verify_ragged(
-        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_logits, cu_nodes,
-        rngs.size(), out.size(),
-        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
-          verify(t, rows, policy, histories[b], rngs[b], out[b]);
-        });
-  }
-
-  //! Ragged batch over target distribution rows; results equal per-sequence `verify_probs`.
-  void verify_probs_batch(std::span<draft_tree const* const> trees,
-                          matrix_view<float const> target_probs,
-                          std::span<std::int32_t const> cu_nodes, std::span<philox> rngs,
-                          std::span<verify_result> out) {
-    detail::verify_ragged(
-        name, trees.size(), [&](std::size_t b) { return trees[b]; }, target_probs, cu_nodes,
-        rngs.size(), out.size(),
-        [&](std::size_t b, draft_tree const& t, matrix_view<float const> rows) {
-          verify_probs(t, rows, rngs[b], out[b]);
-        });
-  }
-
  private:
+  friend class detail::batch_entry_points<typical_acceptance_verifier>;
   static constexpr char const* name = "typical_acceptance_verifier";
 
   void prepare(draft_tree const& tree, std::size_t vocab, verify_result& out) {
-    out.clear();
-    auto const depth = static_cast<std::size_t>(tree.max_depth());
-    out.accepted_nodes.reserve(depth);
-    out.tokens.reserve(depth + 1);
+    detail::prepare_result(tree, out);
     if (cur_.size() != vocab) cur_.assign(vocab, 0.0f);
     if (best_.size() != vocab) best_.assign(vocab, 0.0f);
     reached_.assign(tree.size(), 0);
