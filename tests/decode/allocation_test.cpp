@@ -1,11 +1,9 @@
 // The decode loop does not allocate per step: once a decoder has served one request, a request of
 // 160 tokens performs exactly as many heap allocations as one of 40 tokens (any allocation left is
-// per request, not per step). Counts every global operator new of this test executable.
+// per request, not per step). Counts every global operator new of this test executable
+// (support/allocation_counter.hpp).
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
 #include "decode/toy_model.hpp"
@@ -18,51 +16,7 @@
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
-
-// The replacement operator delete frees with std::free what the replacement operator new got from
-// std::malloc; GCC cannot see that pairing through inlined allocators and warns.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-std::atomic<std::size_t> allocations{0};
-}  // namespace
-
-// Every non-aligned form is replaced, so that each allocation and its release pair up.
-void* operator new(std::size_t size) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t size) {
-  return ::operator new(size);
-}
-void* operator new(std::size_t size, std::nothrow_t const&) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(size == 0 ? 1 : size);
-}
-void* operator new[](std::size_t size, std::nothrow_t const& tag) noexcept {
-  return ::operator new(size, tag);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::nothrow_t const&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::nothrow_t const&) noexcept {
-  std::free(p);
-}
+#include "support/allocation_counter.hpp"
 
 namespace sd = specdec;
 
@@ -75,9 +29,9 @@ std::size_t allocations_of(Decoder& dec, std::size_t tokens, sd::decode_result& 
   dec.config().max_new_tokens = 200;
   dec.generate(prompt, out);  // warm-up: buffers reach their working sizes
   dec.config().max_new_tokens = tokens;
-  std::size_t const before = allocations.load();
+  std::size_t const before = test_support::allocations();
   dec.generate(prompt, out);
-  std::size_t const count = allocations.load() - before;
+  std::size_t const count = test_support::allocations() - before;
   REQUIRE(out.tokens.size() == tokens);
   return count;
 }

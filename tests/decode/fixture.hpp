@@ -1,7 +1,8 @@
 #pragma once
 // The stories260K fixture for decoder and proposer tests: locating the files through
 // SPECDEC_MODEL_DIR / SPECDEC_DATA_DIR (a missing file FAILS the test with a message), loading the
-// weights once, the reference greedy ids, and the prompt set.
+// weights once, the trained and a random draft model, the reference greedy ids, and the prompt
+// set.
 
 #include <doctest/doctest.h>
 
@@ -16,6 +17,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
+#include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
 
 namespace fixture {
@@ -59,6 +61,27 @@ inline std::filesystem::path draft_model_path() {
   return path;
 }
 
+// The draft trained for the fixture (tools/draft/stories_draft.bin), loaded once per process.
+inline std::shared_ptr<specdec::llama_weights const> const& trained_draft() {
+  static std::shared_ptr<specdec::llama_weights const> const weights =
+      std::make_shared<specdec::llama_weights const>(specdec::load_model(draft_model_path()));
+  return weights;
+}
+
+// A tiny random-weight draft with the fixture's vocabulary (acceptance near zero, which exercises
+// rejection and rollback on every step).
+inline std::shared_ptr<specdec::llama_weights const> random_draft() {
+  specdec::llama_config c;
+  c.dim = 16;
+  c.hidden_dim = 32;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.vocab_size = 512;
+  c.seq_len = 512;
+  return std::make_shared<specdec::llama_weights const>(specdec::make_random_llama(c, 11, 0.5f));
+}
+
 // BOS + encode("Once upon a time") (MANIFEST.md).
 inline std::vector<specdec::token_id> once_upon_a_time() {
   return {1, 403, 407, 261, 378};
@@ -74,16 +97,17 @@ inline std::vector<specdec::token_id> reference_ids() {
   return ids;
 }
 
-// The "prompt" strings of tinystories_prompts.jsonl (a minimal reader of that one field: JSON
-// string escapes \" \\ \n \t \uXXXX are decoded).
-inline std::vector<std::string> tinystories_prompts() {
+// The `key` string field of every line of tinystories_prompts.jsonl that has one ("prompt",
+// "story"; a minimal reader of one field: JSON string escapes \" \\ \n \t \uXXXX are decoded).
+inline std::vector<std::string> tinystories_field(char const* key) {
   std::ifstream in(require_file("SPECDEC_DATA_DIR", "tinystories_prompts.jsonl"));
-  std::vector<std::string> prompts;
+  std::string const quoted = std::string("\"") + key + "\"";
+  std::vector<std::string> values;
   std::string line;
   while (std::getline(in, line)) {
-    std::size_t const key = line.find("\"prompt\"");
-    if (key == std::string::npos) continue;
-    std::size_t i = line.find('"', line.find(':', key) + 1) + 1;
+    std::size_t const at = line.find(quoted);
+    if (at == std::string::npos) continue;
+    std::size_t i = line.find('"', line.find(':', at) + 1) + 1;
     std::string s;
     while (i < line.size() && line[i] != '"') {
       char c = line[i++];
@@ -113,10 +137,20 @@ inline std::vector<std::string> tinystories_prompts() {
       }
       s += c;
     }
-    prompts.push_back(s);
+    values.push_back(s);
   }
-  REQUIRE(prompts.size() == 14);
-  return prompts;
+  REQUIRE(values.size() == 14);
+  return values;
+}
+
+// The "prompt" strings of tinystories_prompts.jsonl.
+inline std::vector<std::string> tinystories_prompts() {
+  return tinystories_field("prompt");
+}
+
+// The "story" strings of tinystories_prompts.jsonl.
+inline std::vector<std::string> tinystories_stories() {
+  return tinystories_field("story");
 }
 
 // Every prompt of tinystories_prompts.jsonl encoded with BOS.

@@ -2,6 +2,7 @@
 // autoregressive decoding, for every proposer, and reproduces the MANIFEST's reference ids.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -10,7 +11,6 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/model/llama2c.hpp"
-#include "specdec/model/random.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
@@ -24,25 +24,6 @@ namespace {
 
 sd::cpu_llama_options one_thread() {
   return {.threads = 1};
-}
-
-// A tiny random-weight draft with the fixture's vocabulary (acceptance near zero, which exercises
-// rejection and rollback on every step).
-std::shared_ptr<sd::llama_weights const> random_draft() {
-  sd::llama_config c;
-  c.dim = 16;
-  c.hidden_dim = 32;
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return std::make_shared<sd::llama_weights const>(sd::make_random_llama(c, 11, 0.5f));
-}
-
-// The draft trained for the fixture (tools/draft/stories_draft.bin).
-std::shared_ptr<sd::llama_weights const> trained_draft() {
-  return std::make_shared<sd::llama_weights const>(sd::load_model(fixture::draft_model_path()));
 }
 
 // Runs greedy speculative decoding with `proposer` and checks it against `expected`.
@@ -92,12 +73,12 @@ TEST_CASE("fixture: greedy decoding reproduces the reference ids with every prop
     check_greedy(target, p, sd::tree_verifier{}, prompt, expected);
   }
   SUBCASE("draft model (trained)") {
-    sd::cpu_llama draft(trained_draft(), one_thread());
+    sd::cpu_llama draft(fixture::trained_draft(), one_thread());
     sd::draft_model_proposer p(draft, target, sd::greedy{}, {.k = 4});
     check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
   }
   SUBCASE("draft model, random weights, adaptive k") {
-    sd::cpu_llama draft(random_draft(), one_thread());
+    sd::cpu_llama draft(fixture::random_draft(), one_thread());
     sd::draft_model_proposer p(draft, target, sd::greedy{},
                                {.k = 3, .adaptive = true, .k_min = 1, .k_max = 6});
     check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
@@ -123,8 +104,8 @@ TEST_CASE("fixture: greedy speculative == greedy autoregressive on every TinySto
   auto const prompts = fixture::encoded_prompts();
   REQUIRE(fixture::tok512().encode("Once upon a time", true) == fixture::once_upon_a_time());
   sd::cpu_llama target(weights, one_thread());
-  sd::cpu_llama draft(trained_draft(), one_thread());
-  sd::cpu_llama random(random_draft(), one_thread());
+  sd::cpu_llama draft(fixture::trained_draft(), one_thread());
+  sd::cpu_llama random(fixture::random_draft(), one_thread());
   sd::decode_config config;
   config.max_new_tokens = 128;
   config.max_draft_nodes = 16;

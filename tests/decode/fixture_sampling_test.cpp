@@ -3,25 +3,21 @@
 // many requests with distinct seeds, and a chi-square test of the observed counts of (x1, x2)
 // against the exact joint distribution computed from the model.
 //
-// Threshold: the statistic is compared with the chi-square quantile at p = 1e-4 for its degrees of
-// freedom (Wilson-Hilferty approximation); cells with an expected count below 5 are pooled into
-// one. A pair of probability 0 under the target must never be emitted. The seeds are fixed, so the
-// test is deterministic; a correct decoder fails it with probability about 1e-4 per configuration
-// over the choice of seeds.
+// Threshold (sampling_check.hpp): the statistic is compared with the chi-square quantile at
+// p = 1e-4 for its degrees of freedom (Wilson-Hilferty approximation); cells with an expected count
+// below 5 are pooled into one. A pair of probability 0 under the target must never be emitted. The
+// seeds are fixed, so the test is deterministic; a correct decoder fails it with probability about
+// 1e-4 per configuration over the choice of seeds.
 #include <doctest/doctest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <map>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "decode/fixture.hpp"
+#include "decode/sampling_check.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
-#include "specdec/model/random.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
@@ -33,157 +29,15 @@ namespace sd = specdec;
 
 namespace {
 
-// Requests per configuration (fewer under sanitizers, which are ~10x slower; the threshold is
-// valid for any count).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr std::size_t trials = 600;
-#else
-constexpr std::size_t trials = 1500;
-#endif
+using sampling_check::check_counts;
+using sampling_check::exact_joint;
+using sampling_check::sample_pairs;
+using sampling_check::target_policy;
+using sampling_check::trials;
+using sampling_check::two_tokens;
 
 sd::cpu_llama_options one_thread() {
   return {.threads = 1};
-}
-
-sd::sampler target_policy() {
-  sd::sampling_params params;
-  params.temperature = 1.0f;
-  params.top_p = 0.9f;
-  return sd::sampler(params);
-}
-
-using pair_key = std::pair<sd::token_id, sd::token_id>;
-
-// The exact joint distribution of the first two tokens after `prompt` under the policy.
-std::map<pair_key, double> exact_joint(std::shared_ptr<sd::llama_weights const> const& weights,
-                                       std::vector<sd::token_id> const& prompt) {
-  sd::cpu_llama model(weights, one_thread());
-  sd::sampler const policy = target_policy();
-  std::size_t const vocab = model.vocab_size();
-  std::vector<sd::position_t> positions(prompt.size());
-  for (std::size_t i = 0; i < prompt.size(); ++i) positions[i] = static_cast<sd::position_t>(i);
-  sd::forward_result out;
-  model.forward({.tokens = prompt, .positions = positions}, out);
-  std::vector<float> p1(vocab), p2(vocab);
-  policy.distribution(out.logits_view().row(prompt.size() - 1), prompt, p1);
-  std::map<pair_key, double> joint;
-  std::vector<sd::token_id> history = prompt;
-  for (std::size_t x1 = 0; x1 < vocab; ++x1) {
-    if (p1[x1] <= 0.0f) continue;
-    model.cache().truncate(prompt.size());
-    sd::token_id const t1 = static_cast<sd::token_id>(x1);
-    sd::position_t const pos = static_cast<sd::position_t>(prompt.size());
-    model.forward({.tokens = std::span<sd::token_id const>(&t1, 1),
-                   .positions = std::span<sd::position_t const>(&pos, 1)},
-                  out);
-    history.resize(prompt.size());
-    history.push_back(t1);
-    policy.distribution(out.logits_view().row(0), history, p2);
-    for (std::size_t x2 = 0; x2 < vocab; ++x2)
-      if (p2[x2] > 0.0f)
-        joint[{t1, static_cast<sd::token_id>(x2)}] =
-            static_cast<double>(p1[x1]) * static_cast<double>(p2[x2]);
-  }
-  return joint;
-}
-
-// Chi-square quantile at upper tail 1e-4 (Wilson-Hilferty).
-double chi2_threshold(double dof) {
-  double const z = 3.719;  // standard normal quantile at 1 - 1e-4
-  double const a = 2.0 / (9.0 * dof);
-  return dof * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
-
-// Compares counts of (x1, x2) with the exact joint; also the marginal of x1.
-void check_counts(std::map<pair_key, std::size_t> const& counts,
-                  std::map<pair_key, double> const& joint, std::size_t n, std::string const& what) {
-  CAPTURE(what);
-  for (auto const& entry : counts) {
-    auto const it = joint.find(entry.first);
-    INFO("emitted (" << entry.first.first << ", " << entry.first.second << ") " << entry.second
-                     << " times");
-    CHECK((it != joint.end() && it->second > 0.0));
-  }
-  auto chi2 = [&](auto const& observed, auto const& expected_prob) {
-    double stat = 0.0, pooled_obs = 0.0, pooled_exp = 0.0;
-    std::size_t cells = 0;
-    for (auto const& [key, p] : expected_prob) {
-      double const e = p * static_cast<double>(n);
-      auto const it = observed.find(key);
-      double const o = it == observed.end() ? 0.0 : static_cast<double>(it->second);
-      if (e < 5.0) {
-        pooled_obs += o;
-        pooled_exp += e;
-        continue;
-      }
-      stat += (o - e) * (o - e) / e;
-      ++cells;
-    }
-    if (pooled_exp > 0.0) {
-      stat += (pooled_obs - pooled_exp) * (pooled_obs - pooled_exp) / pooled_exp;
-      ++cells;
-    }
-    return std::pair<double, std::size_t>(stat, cells);
-  };
-  auto const joint_result = chi2(counts, joint);
-  double const stat2 = joint_result.first;
-  std::size_t const cells2 = joint_result.second;
-  REQUIRE(cells2 >= 2);
-  double const limit2 = chi2_threshold(static_cast<double>(cells2 - 1));
-  INFO("joint of (x1, x2): chi2 = " << stat2 << " over " << cells2 << " cells, limit " << limit2);
-  CHECK(stat2 < limit2);
-
-  std::map<sd::token_id, std::size_t> c1;
-  std::map<sd::token_id, double> p1;
-  for (auto const& [key, c] : counts) c1[key.first] += c;
-  for (auto const& [key, p] : joint) p1[key.first] += p;
-  auto const marginal_result = chi2(c1, p1);
-  double const stat1 = marginal_result.first;
-  std::size_t const cells1 = marginal_result.second;
-  if (cells1 >= 2) {
-    double const limit1 = chi2_threshold(static_cast<double>(cells1 - 1));
-    INFO("marginal of x1: chi2 = " << stat1 << " over " << cells1 << " cells, limit " << limit1);
-    CHECK(stat1 < limit1);
-  }
-}
-
-// Runs `trials` two-token requests with seeds 1.. and counts (x1, x2).
-template <class Decoder>
-std::map<pair_key, std::size_t> sample_pairs(Decoder& dec, std::vector<sd::token_id> const& prompt,
-                                             sd::request_stats* total = nullptr) {
-  std::map<pair_key, std::size_t> counts;
-  sd::decode_result r;
-  for (std::size_t i = 0; i < trials; ++i) {
-    dec.config().seed = 1000 + i;
-    dec.generate(prompt, r);
-    REQUIRE(r.tokens.size() == 2);
-    ++counts[{r.tokens[0], r.tokens[1]}];
-    if (total != nullptr) {
-      total->steps += r.stats.steps;
-      total->drafted += r.stats.drafted;
-      total->accepted += r.stats.accepted;
-    }
-  }
-  return counts;
-}
-
-sd::decode_config two_tokens() {
-  sd::decode_config c;
-  c.max_new_tokens = 2;
-  c.max_draft_nodes = 8;
-  return c;
-}
-
-std::shared_ptr<sd::llama_weights const> random_draft() {
-  sd::llama_config c;
-  c.dim = 16;
-  c.hidden_dim = 32;
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.vocab_size = 512;
-  c.seq_len = 512;
-  return std::make_shared<sd::llama_weights const>(sd::make_random_llama(c, 11, 0.5f));
 }
 
 }  // namespace
@@ -201,7 +55,7 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     check_counts(sample_pairs(ar, prompt), joint, trials, "autoregressive");
   }
   SUBCASE("draft model (random weights, mostly rejected), sampled drafts, speculative sampling") {
-    sd::cpu_llama draft(random_draft(), one_thread());
+    sd::cpu_llama draft(fixture::random_draft(), one_thread());
     sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
         draft, target, target_policy(), {.k = 3});
     sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),
@@ -234,9 +88,7 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     CHECK(s.accepted > 0);
   }
   SUBCASE("trained draft model, sampled drafts, speculative sampling") {
-    sd::cpu_llama draft(
-        std::make_shared<sd::llama_weights const>(sd::load_model(fixture::draft_model_path())),
-        one_thread());
+    sd::cpu_llama draft(fixture::trained_draft(), one_thread());
     sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
         draft, target, target_policy(), {.k = 3});
     sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),

@@ -1,10 +1,10 @@
 #pragma once
-// The statistical check of fixture_sampling_test.cpp as reusable helpers: many two-token requests
-// with distinct seeds, and a chi-square test of the observed (x1, x2) counts (and of the x1
-// marginal) against the exact joint distribution computed from the model under the policy
-// (temperature 1, top-p 0.9). Threshold: the chi-square quantile at p = 1e-4 for the degrees of
-// freedom (Wilson-Hilferty); cells with an expected count below 5 are pooled; a pair of
-// probability 0 must never be emitted.
+// The statistical check of the fixture sampling tests (fixture_sampling_test.cpp,
+// rest_decode_test.cpp, lookahead_decode_test.cpp): many two-token requests with distinct seeds,
+// and a chi-square test of the observed (x1, x2) counts (and of the x1 marginal) against the exact
+// joint distribution computed from the model under the policy (temperature 1, top-p 0.9).
+// Threshold: the chi-square quantile at p = 1e-4 for the degrees of freedom (Wilson-Hilferty);
+// cells with an expected count below 5 are pooled; a pair of probability 0 must never be emitted.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,61 +1,15 @@
 // The hot path does not allocate after warm-up: this executable replaces the global operator new
-// with a counting one, armed only inside the measured region.
+// with a counting one (support/allocation_counter.hpp) and compares its count around the measured
+// region.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
+#include <cstddef>
 #include <random>
 #include <vector>
 
 #include "rows.hpp"
 #include "specdec/sampling/policy.hpp"
-
-// The replacement operator delete frees with std::free what the replacement operator new got from
-// std::malloc; GCC cannot see that pairing through inlined allocators and warns.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-std::atomic<bool> counting{false};
-std::atomic<long> allocations{0};
-}  // namespace
-
-// Every non-aligned form is replaced, so that each allocation and its release pair up.
-void* operator new(std::size_t n) {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-  return operator new(n);
-}
-void* operator new(std::size_t n, std::nothrow_t const&) noexcept {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
-  return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](std::size_t n, std::nothrow_t const& tag) noexcept {
-  return operator new(n, tag);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::nothrow_t const&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::nothrow_t const&) noexcept {
-  std::free(p);
-}
+#include "support/allocation_counter.hpp"
 
 TEST_CASE("distribution, greedy_token, sample and softmax do not allocate after warm-up") {
   namespace sd = specdec;
@@ -87,16 +41,14 @@ TEST_CASE("distribution, greedy_token, sample and softmax do not allocate after 
     (void)sd::argmax(logits);
   };
   // The counter sees allocations.
-  counting = true;
+  std::size_t const before_probe = test_support::allocations();
   auto* probe = new std::vector<int>(3);
-  counting = false;
+  std::size_t const probe_allocations = test_support::allocations() - before_probe;
   delete probe;
-  CHECK(allocations.load() == 2);
+  CHECK(probe_allocations == 2);
 
   work();  // warm-up: per-thread scratch grows here
-  allocations = 0;
-  counting = true;
+  std::size_t const before = test_support::allocations();
   for (int i = 0; i < 5; ++i) work();
-  counting = false;
-  CHECK(allocations.load() == 0);
+  CHECK(test_support::allocations() - before == 0);
 }
