@@ -13,6 +13,7 @@
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
+#include "specdec/verify/speculative_sampling.hpp"
 
 namespace sd = specdec;
 
@@ -130,6 +131,14 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
       CHECK(r.tokens == reference.tokens);
       CHECK(r.stats.accepted > 0);
       CHECK(r.stats.steps < 90);
+    }
+    SUBCASE("prompt lookup, chain proposer, speculative sampling verifier") {
+      sd::prompt_lookup_chain_proposer p({.n_max = 3, .n_min = 1, .k = 5});
+      sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, sd::greedy{},
+                                  config);
+      auto const r = dec.generate(prompt);
+      CHECK(r.tokens == reference.tokens);
+      CHECK(r.stats.accepted > 0);
     }
     SUBCASE("prompt lookup, trees") {
       sd::prompt_lookup_proposer p({.n_max = 2, .n_min = 1, .k = 4, .max_branches = 3});

@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/philox.hpp"
+#include "specdec/decode/verifier_traits.hpp"
+#include "specdec/verify/greedy.hpp"
+#include "specdec/verify/speculative_sampling.hpp"
+#include "specdec/verify/tree_sampling.hpp"
 
 namespace sd = specdec;
 
@@ -29,6 +34,27 @@ static_assert(sd::proposer<sd::prompt_lookup_proposer>);
 static_assert(sd::produces_trees_v<sd::prompt_lookup_proposer>);
 static_assert(!sd::samples_drafts_v<sd::prompt_lookup_proposer>);
 static_assert(!sd::needs_target_hidden_v<sd::prompt_lookup_proposer>);
+
+// The draft shape is a template parameter whose value sets `produces_trees`; the default (and
+// `prompt_lookup_proposer`) drafts trees.
+static_assert(std::is_same_v<sd::prompt_lookup_proposer, sd::basic_prompt_lookup_proposer<>>);
+static_assert(std::is_same_v<sd::prompt_lookup_proposer,
+                             sd::basic_prompt_lookup_proposer<sd::draft_shape::tree>>);
+static_assert(std::is_same_v<sd::prompt_lookup_chain_proposer,
+                             sd::basic_prompt_lookup_proposer<sd::draft_shape::chain>>);
+static_assert(sd::proposer<sd::prompt_lookup_chain_proposer>);
+static_assert(!sd::produces_trees_v<sd::prompt_lookup_chain_proposer>);
+static_assert(!sd::samples_drafts_v<sd::prompt_lookup_chain_proposer>);
+static_assert(!sd::needs_target_hidden_v<sd::prompt_lookup_chain_proposer>);
+static_assert(!sd::has_auxiliary_tokens_v<sd::prompt_lookup_chain_proposer>);
+// Pairing: a chains-only verifier takes the chain proposer, not the tree one.
+static_assert(
+    sd::compatible_v<sd::prompt_lookup_chain_proposer, sd::speculative_sampling_verifier>);
+static_assert(!sd::compatible_v<sd::prompt_lookup_proposer, sd::speculative_sampling_verifier>);
+static_assert(sd::compatible_v<sd::prompt_lookup_chain_proposer, sd::greedy_verifier>);
+static_assert(sd::compatible_v<sd::prompt_lookup_chain_proposer, sd::tree_verifier>);
+static_assert(sd::compatible_v<sd::prompt_lookup_proposer, sd::greedy_verifier>);
+static_assert(sd::compatible_v<sd::prompt_lookup_proposer, sd::tree_verifier>);
 
 // The documented rule, by brute force over the whole history.
 sd::draft_tree brute_force(std::vector<sd::token_id> const& h, sd::prompt_lookup_config const& c,
@@ -208,6 +234,36 @@ TEST_CASE("prompt lookup: chains, trees, budgets, no match") {
     CHECK(tree.token(1) == 6);
     CHECK(p.history_size() == other.size());
   }
+}
+
+TEST_CASE("prompt lookup, chain shape: the drafts of the tree shape with one branch") {
+  sd::philox rng(17);
+  for (int trial = 0; trial < 100; ++trial) {
+    CAPTURE(trial);
+    sd::prompt_lookup_config c;
+    c.n_max = 1 + rng.next_u32() % 4;
+    c.n_min = 1 + rng.next_u32() % c.n_max;
+    c.k = 1 + rng.next_u32() % 6;
+    std::uint32_t const vocab = 2 + rng.next_u32() % 5;
+    sd::prompt_lookup_chain_proposer chain(c);
+    sd::prompt_lookup_proposer tree_shape(c);
+    std::vector<sd::token_id> h;
+    for (std::size_t i = 0, n = 1 + rng.next_u32() % 40; i < n; ++i)
+      h.push_back(static_cast<sd::token_id>(rng.next_u32() % vocab));
+    chain.begin(h);
+    tree_shape.begin(h);
+    sd::draft_tree a(17), b(17);
+    for (int step = 0; step < 10; ++step) {
+      std::size_t const max_nodes = rng.next_u32() % 17;
+      chain.propose(make_ctx(h, max_nodes), a);
+      tree_shape.propose(make_ctx(h, max_nodes), b);
+      check_same(a, b);
+      CHECK(a.is_chain());
+      h.push_back(static_cast<sd::token_id>(rng.next_u32() % vocab));
+    }
+  }
+  CHECK_THROWS_AS(sd::prompt_lookup_chain_proposer({.max_branches = 2}), sd::error);
+  CHECK_NOTHROW(sd::prompt_lookup_chain_proposer({.max_branches = 1}));
 }
 
 TEST_CASE("prompt lookup: configuration errors") {

@@ -18,8 +18,13 @@
 //! each `propose` with the tokens committed since the last one (amortised O(n_max - n_min + 1) per
 //! token); hash collisions are resolved by comparing the tokens.
 //!
-//! Drafts are deterministic candidates (no q rows): pair with a greedy verifier or a tree verifier
-//! (which treats each candidate as a point mass, lossless for any number of children).
+//! Drafts are deterministic candidates (no q rows). Whether they are trees or chains is a template
+//! parameter, so that the decoder's pairing checks see it at compile time:
+//! `prompt_lookup_proposer` (= `basic_prompt_lookup_proposer<draft_shape::tree>`) may draft trees
+//! (with `max_branches` > 1) and pairs with a greedy verifier or a tree verifier (which treats each
+//! candidate as a point mass, lossless for any number of children);
+//! `prompt_lookup_chain_proposer` (= `basic_prompt_lookup_proposer<draft_shape::chain>`) always
+//! drafts a chain (`max_branches` must be 1) and also pairs with `speculative_sampling_verifier`.
 
 #include <algorithm>
 #include <cstddef>
@@ -35,12 +40,19 @@
 
 namespace specdec {
 
-//! Configuration of `prompt_lookup_proposer`.
+//! The shape of the drafts of a proposer whose shape is a template parameter.
+enum class draft_shape {
+  chain,  //!< always a chain (`produces_trees` is false: any verifier, chains-only ones included)
+  tree,   //!< may draft trees (`produces_trees` is true: needs a verifier that walks trees)
+};
+
+//! Configuration of `basic_prompt_lookup_proposer`.
 struct prompt_lookup_config {
   std::size_t n_max = 3;  //!< longest n-gram matched (<= 16)
   std::size_t n_min = 1;  //!< shortest n-gram matched (>= 1, <= n_max)
   std::size_t k = 8;      //!< most tokens drafted per continuation (tree depth)
-  //! Most distinct continuations merged into the tree (1 = always a chain).
+  //! Most distinct continuations merged into the tree (1 = always a chain; must be 1 for
+  //! `draft_shape::chain`).
   std::size_t max_branches = 1;
   //! Most occurrences examined per lookup (bounds the cost of frequent n-grams).
   std::size_t max_candidates = 64;
@@ -163,15 +175,24 @@ class ngram_index {
 
 //! Prompt lookup decoding: drafts the continuation of an earlier occurrence of the latest n-gram
 //! (see the file comment). Deterministic candidates; a chain when `max_branches` is 1.
-class prompt_lookup_proposer {
+//! \tparam Shape `draft_shape::tree` (the default): several continuations may make a tree;
+//!               `draft_shape::chain`: always a chain, declared so (`produces_trees` is false).
+template <draft_shape Shape = draft_shape::tree>
+class basic_prompt_lookup_proposer {
  public:
-  static constexpr bool produces_trees = true;        //!< several continuations make a tree
+  //! Several continuations make a tree (`draft_shape::tree`); a chain proposer never does.
+  static constexpr bool produces_trees = Shape == draft_shape::tree;
   static constexpr bool samples_drafts = false;       //!< deterministic candidates, no q rows
   static constexpr bool needs_target_hidden = false;  //!< works on tokens only
 
-  //! A proposer with `config` (validated: `errc::invalid_argument`).
-  explicit prompt_lookup_proposer(prompt_lookup_config config = {}) : config_(config) {
+  //! A proposer with `config` (validated: `errc::invalid_argument`, also for `max_branches` > 1
+  //! with `draft_shape::chain`).
+  explicit basic_prompt_lookup_proposer(prompt_lookup_config config = {}) : config_(config) {
     config_.validate();
+    SPECDEC_CHECK(produces_trees || config_.max_branches == 1, invalid_argument,
+                  "prompt_lookup_proposer: max_branches = ", config_.max_branches,
+                  " drafts trees, but this proposer drafts chains (draft_shape::chain); use "
+                  "draft_shape::tree or max_branches = 1");
     for (std::size_t n = config_.n_min; n <= config_.n_max; ++n) index_.emplace_back(n);
     candidates_.reserve(config_.max_candidates);
   }
@@ -285,5 +306,12 @@ class prompt_lookup_proposer {
   std::vector<token_id> history_;
   std::vector<candidate> candidates_;
 };
+
+//! Prompt lookup drafting trees (with `max_branches` > 1) or chains; pairs with tree-capable
+//! verifiers.
+using prompt_lookup_proposer = basic_prompt_lookup_proposer<draft_shape::tree>;
+//! Prompt lookup drafting chains only; also pairs with chains-only verifiers
+//! (`speculative_sampling_verifier`).
+using prompt_lookup_chain_proposer = basic_prompt_lookup_proposer<draft_shape::chain>;
 
 }  // namespace specdec
