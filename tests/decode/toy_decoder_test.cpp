@@ -389,6 +389,64 @@ TEST_CASE("statistics fields") {
   CHECK(s.total_seconds >= s.propose_seconds + s.score_seconds + s.verify_seconds);
 }
 
+TEST_CASE("max_new_tokens = 0 returns at once: no prefill, no proposer call, no token") {
+  toy::toy_lm target(vocab, context);
+  struct counting_proposer {
+    std::size_t calls = 0;
+    void begin(std::span<sd::token_id const>) { ++calls; }
+    void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
+      ++calls;
+      tree.reset(ctx.tokens.back());
+    }
+    void accept(sd::verify_result const&) { ++calls; }
+  } p;
+  sd::decode_config c;
+  c.max_new_tokens = 0;
+  sd::speculative_decoder sp(target, p, sd::greedy_verifier{}, sd::greedy{}, c);
+  sd::autoregressive_decoder<toy::toy_lm, sd::greedy> ar(target, sd::greedy{}, c);
+  std::vector<sd::token_id> const prompt{1, 5, 9, 5, 9};
+  std::size_t callbacks = 0;
+  sd::token_callback const on_token = [&](sd::token_id) {
+    ++callbacks;
+    return true;
+  };
+  auto const check_empty = [&](sd::decode_result const& r) {
+    CHECK(r.tokens.empty());
+    CHECK(r.reason == sd::finish_reason::max_tokens);
+    CHECK(r.stop_index == 0);
+    CHECK(r.stats.steps == 0);
+    CHECK(r.stats.prompt_tokens == prompt.size());
+  };
+  std::size_t const forwards = target.forwards;
+  // A result reused after a request that emitted tokens and stopped otherwise is reset.
+  sd::decode_result r;
+  r.tokens = {3, 4};
+  r.reason = sd::finish_reason::stop_sequence;
+  r.stop_index = 1;
+  sp.generate(prompt, r, on_token);
+  check_empty(r);
+  r.tokens = {3, 4};
+  r.reason = sd::finish_reason::eos;
+  ar.generate(prompt, r, on_token);
+  check_empty(r);
+  check_empty(sp.generate(prompt));
+  check_empty(ar.generate(prompt));
+  CHECK(target.forwards == forwards);
+  CHECK(p.calls == 0);
+  CHECK(callbacks == 0);
+  // The prompt is still checked.
+  std::vector<sd::token_id> const bad{1, static_cast<sd::token_id>(vocab)};
+  CHECK_THROWS_AS((void)sp.generate(bad), sd::error);
+  CHECK_THROWS_AS((void)ar.generate(bad), sd::error);
+  // The next request with tokens to generate runs normally.
+  sp.config().max_new_tokens = 5;
+  ar.config().max_new_tokens = 5;
+  auto const s5 = sp.generate(prompt);
+  CHECK(s5.tokens.size() == 5);
+  CHECK(s5.tokens == ar.generate(prompt).tokens);
+  CHECK(p.calls > 0);
+}
+
 TEST_CASE("chains are not drafted beyond the tokens still allowed") {
   toy::toy_lm target(vocab, context);
   toy::toy_lm draft(vocab, context, 7, 6.0f, 0.8f);

@@ -9,7 +9,9 @@
 //! request's Philox stream (config.seed, config.stream) from word 0; a sampled token reads exactly
 //! one word; a greedy step reads none but advances the stream by one word, as a verifier does for a
 //! one-node tree. So a speculative decoder whose proposer drafts nothing consumes the stream
-//! exactly as this baseline does and emits the same tokens for the same seed.
+//! exactly as this baseline does and emits the same tokens for the same seed. A request with
+//! `max_new_tokens` = 0 returns at once, with no tokens and `finish_reason::max_tokens`, without a
+//! forward (the prompt is still checked).
 
 #include <chrono>
 #include <cstddef>
@@ -68,6 +70,10 @@ class autoregressive_decoder {
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
     sink_.begin(config_, prompt, out, &on_token, 0);
+    if (sink_.done()) {  // max_new_tokens == 0: no tokens, so no prefill
+      out.stats.total_seconds = detail::seconds_since(request_start);
+      return;
+    }
     philox rng(config_.seed, config_.stream, 0);
     model.cache().truncate(0);
 

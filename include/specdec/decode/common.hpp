@@ -69,7 +69,8 @@ using token_callback = std::function<bool(token_id token)>;
 
 //! Configuration of one decoder (shared by all its requests).
 struct decode_config {
-  //! Most tokens to emit after the prompt.
+  //! Most tokens to emit after the prompt (0: a request returns at once, without running the
+  //! model, with `finish_reason::max_tokens`).
   std::size_t max_new_tokens = 128;
   //! The end-of-sequence token, or `no_token` for none.
   token_id eos_token = no_token;

@@ -23,6 +23,8 @@
 //!    tokens] with the batch's mask (tree rows see only their ancestors), the verifier reads the
 //!    tree's rows only, `observe(tree_logits, aux_logits, result)` precedes `accept`, and the
 //!    commit drops the auxiliary KV entries with the rejected nodes.
+//! A request with `max_new_tokens` = 0 returns at once, with no tokens and
+//! `finish_reason::max_tokens`: no prefill, no proposer call (the prompt is still checked).
 //! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0;
 //! proposers that sample draw from it first, then the verifier reads its words and advances it by
 //! the tree size, so a request is reproducible from its seed.
@@ -153,6 +155,10 @@ class speculative_decoder {
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
     sink_.begin(config_, prompt, out, &on_token, config_.max_draft_nodes);
+    if (sink_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
+      out.stats.total_seconds = detail::seconds_since(request_start);
+      return;
+    }
     philox rng(config_.seed, config_.stream, 0);
     target.cache().truncate(0);
 
