@@ -28,7 +28,7 @@ inline std::filesystem::path require_file(char const* var, char const* name) {
   char const* dir = std::getenv(var);
   if (dir == nullptr || *dir == '\0') {
     FAIL(std::string(var) << " is not set: the test needs " << std::string(name)
-                         << " (ctest sets it to ../shared)");
+                          << " (ctest sets it to ../shared)");
     return {};
   }
   std::filesystem::path const path = std::filesystem::path(dir) / name;
