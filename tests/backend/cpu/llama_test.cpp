@@ -28,6 +28,10 @@ namespace {
 // batch (tree, chains, prefill), its batch index, the cache layout behind it and the number of
 // threads. So these comparisons are exact.
 
+// Both weight layouts: repacked for the small-model kernels (the default for these tiny models)
+// and used in place (the layout of large models).
+std::size_t const pack_limits[] = {sd::cpu_llama_options{}.pack_limit, 0};
+
 // Runs a forward and returns a copy of its logits.
 std::vector<float> run(sd::cpu_llama& m, std::vector<sd::token_id> const& tokens,
                        std::vector<sd::position_t> const& positions,
@@ -77,198 +81,221 @@ std::vector<sd::token_id> read_ids(std::filesystem::path const& p) {
 }  // namespace
 
 TEST_CASE("cpu_llama: matches the double-precision reference forward") {
-  for (bool shared : {false, true}) {
-    CAPTURE(shared);
-    auto w = st::random_llama(st::tiny_config(shared), 11);
-    auto const tokens = random_tokens(13, 75, 3);
-    auto const ref = st::reference_logits(*w, tokens);
-    for (std::size_t threads : {1u, 2u, 3u}) {
-      CAPTURE(threads);
-      sd::cpu_llama m(w, {.threads = threads});
-      CHECK(m.vocab_size() == 75);
-      CHECK(m.max_context() == 96);
-      CHECK(m.hidden_size() == 48);
-      CHECK(m.threads() == threads);
-      auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
-      CHECK(m.cache().size() == tokens.size());
-      auto const seq = sequential(m, tokens);
-      CHECK(batched == seq);  // batch-invariant: prefill equals token-by-token, bit for bit
-      for (std::size_t t = 0; t < tokens.size(); ++t) {
-        CAPTURE(t);
-        CHECK(st::row_error(batched.data() + t * 75, ref.data() + t * 75, 75) < 1e-4);
-        CHECK(st::row_error(seq.data() + t * 75, ref.data() + t * 75, 75) < 1e-4);
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    for (bool shared : {false, true}) {
+      CAPTURE(shared);
+      auto w = st::random_llama(st::tiny_config(shared), 11);
+      auto const tokens = random_tokens(13, 75, 3);
+      auto const ref = st::reference_logits(*w, tokens);
+      for (std::size_t threads : {1u, 2u, 3u}) {
+        CAPTURE(threads);
+        sd::cpu_llama m(w, {.threads = threads, .pack_limit = limit});
+        CHECK(m.vocab_size() == 75);
+        CHECK(m.max_context() == 96);
+        CHECK(m.hidden_size() == 48);
+        CHECK(m.threads() == threads);
+        CHECK(m.packed() == (limit != 0));
+        auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
+        CHECK(m.cache().size() == tokens.size());
+        auto const seq = sequential(m, tokens);
+        CHECK(batched == seq);  // batch-invariant: prefill equals token-by-token, bit for bit
+        for (std::size_t t = 0; t < tokens.size(); ++t) {
+          CAPTURE(t);
+          CHECK(st::row_error(batched.data() + t * 75, ref.data() + t * 75, 75) < 1e-4);
+          CHECK(st::row_error(seq.data() + t * 75, ref.data() + t * 75, 75) < 1e-4);
+        }
       }
     }
   }
 }
 
 TEST_CASE("cpu_llama: odd shapes (head size 6, rows not a multiple of the vector width)") {
-  sd::llama_config c;
-  c.dim = 36;
-  c.hidden_dim = 50;
-  c.n_layers = 2;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
-  c.vocab_size = 41;
-  c.seq_len = 32;
-  c.shared_classifier = false;
-  auto w = st::random_llama(c, 71);
-  auto const tokens = random_tokens(9, 41, 12);
-  auto const ref = st::reference_logits(*w, tokens);
-  sd::cpu_llama m(w, {.threads = 2});
-  auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
-  for (std::size_t t = 0; t < tokens.size(); ++t)
-    CHECK(st::row_error(batched.data() + t * 41, ref.data() + t * 41, 41) < 1e-4);
-  CHECK(batched == sequential(m, tokens));
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    sd::llama_config c;
+    c.dim = 36;
+    c.hidden_dim = 50;
+    c.n_layers = 2;
+    c.n_heads = 6;
+    c.n_kv_heads = 2;
+    c.vocab_size = 41;
+    c.seq_len = 32;
+    c.shared_classifier = false;
+    auto w = st::random_llama(c, 71);
+    auto const tokens = random_tokens(9, 41, 12);
+    auto const ref = st::reference_logits(*w, tokens);
+    sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
+    auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+      CHECK(st::row_error(batched.data() + t * 41, ref.data() + t * 41, 41) < 1e-4);
+    CHECK(batched == sequential(m, tokens));
+  }
 }
 
 TEST_CASE("cpu_llama: a prefill longer than one token block equals token-by-token decoding") {
-  auto w = st::random_llama(st::tiny_config(true), 81);
-  auto const tokens = random_tokens(90, 75, 13);
-  sd::cpu_llama m(w, {.threads = 2, .batch_capacity = 8});
-  auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
-  CHECK(batched == sequential(m, tokens));
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    auto w = st::random_llama(st::tiny_config(true), 81);
+    auto const tokens = random_tokens(90, 75, 13);
+    sd::cpu_llama m(w, {.threads = 2, .batch_capacity = 8, .pack_limit = limit});
+    auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
+    CHECK(batched == sequential(m, tokens));
+  }
 }
 
 TEST_CASE("cpu_llama: results do not depend on the number of threads") {
-  auto w = st::random_llama(st::tiny_config(), 5);
-  auto const tokens = random_tokens(40, 75, 9);
-  sd::cpu_llama one(w, {.threads = 1});
-  sd::cpu_llama three(w, {.threads = 3});
-  CHECK(run(one, tokens, iota_positions(0, 40)) == run(three, tokens, iota_positions(0, 40)));
-  // A pool shared by two models.
-  sd::cpu_llama a(w, {.pool = std::make_shared<sd::thread_pool>(2)});
-  sd::cpu_llama b(w, {.pool = a.pool()});
-  CHECK(a.threads() == 2);
-  CHECK(run(a, tokens, iota_positions(0, 40)) == run(b, tokens, iota_positions(0, 40)));
-  // Models with the same thread count share the process-wide pool by default; models used from
-  // two threads at once take turns on it.
-  sd::cpu_llama c(w, {.threads = 2});
-  sd::cpu_llama d(w, {.threads = 2});
-  CHECK(c.pool() == d.pool());
-  CHECK(c.pool() == sd::thread_pool::shared(2));
-  one.reset();
-  auto const want = run(one, tokens, iota_positions(0, 40));
-  std::vector<float> got_c, got_d;
-  std::thread tc([&] {
-    for (int i = 0; i < 3; ++i) {
-      c.reset();
-      got_c = run(c, tokens, iota_positions(0, 40));
-    }
-  });
-  std::thread td([&] {
-    for (int i = 0; i < 3; ++i) {
-      d.reset();
-      got_d = run(d, tokens, iota_positions(0, 40));
-    }
-  });
-  tc.join();
-  td.join();
-  CHECK(got_c == want);
-  CHECK(got_d == want);
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    auto w = st::random_llama(st::tiny_config(), 5);
+    auto const tokens = random_tokens(40, 75, 9);
+    sd::cpu_llama one(w, {.threads = 1, .pack_limit = limit});
+    sd::cpu_llama three(w, {.threads = 3, .pack_limit = limit});
+    CHECK(run(one, tokens, iota_positions(0, 40)) == run(three, tokens, iota_positions(0, 40)));
+    // A pool shared by two models.
+    sd::cpu_llama a(w, {.pool = std::make_shared<sd::thread_pool>(2), .pack_limit = limit});
+    sd::cpu_llama b(w, {.pool = a.pool(), .pack_limit = limit});
+    CHECK(a.threads() == 2);
+    CHECK(run(a, tokens, iota_positions(0, 40)) == run(b, tokens, iota_positions(0, 40)));
+    // Models with the same thread count share the process-wide pool by default; models used from
+    // two threads at once take turns on it.
+    sd::cpu_llama c(w, {.threads = 2, .pack_limit = limit});
+    sd::cpu_llama d(w, {.threads = 2, .pack_limit = limit});
+    CHECK(c.pool() == d.pool());
+    CHECK(c.pool() == sd::thread_pool::shared(2));
+    one.reset();
+    auto const want = run(one, tokens, iota_positions(0, 40));
+    std::vector<float> got_c, got_d;
+    std::thread tc([&] {
+      for (int i = 0; i < 3; ++i) {
+        c.reset();
+        got_c = run(c, tokens, iota_positions(0, 40));
+      }
+    });
+    std::thread td([&] {
+      for (int i = 0; i < 3; ++i) {
+        d.reset();
+        got_d = run(d, tokens, iota_positions(0, 40));
+      }
+    });
+    tc.join();
+    td.join();
+    CHECK(got_c == want);
+    CHECK(got_d == want);
+  }
 }
 
 TEST_CASE("cpu_llama: a tree forward equals running each root-to-leaf path alone") {
-  auto w = st::random_llama(st::tiny_config(), 21);
-  sd::cpu_llama m(w, {.threads = 2});
-  auto const prefix = random_tokens(9, 75, 1);
-  // Root (last committed token) and a tree with branching at several depths.
-  std::vector<sd::token_id> const tokens{4, 10, 11, 12, 20, 21, 30, 31, 32, 40, 41};
-  std::vector<sd::node_index> const parents{-1, 0, 0, 0, 1, 1, 4, 4, 2, 8, 6};
-  auto tree = sd::draft_tree::from_parents(tokens, parents);
-  REQUIRE(tree.size() == tokens.size());
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    auto w = st::random_llama(st::tiny_config(), 21);
+    sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
+    auto const prefix = random_tokens(9, 75, 1);
+    // Root (last committed token) and a tree with branching at several depths.
+    std::vector<sd::token_id> const tokens{4, 10, 11, 12, 20, 21, 30, 31, 32, 40, 41};
+    std::vector<sd::node_index> const parents{-1, 0, 0, 0, 1, 1, 4, 4, 2, 8, 6};
+    auto tree = sd::draft_tree::from_parents(tokens, parents);
+    REQUIRE(tree.size() == tokens.size());
 
-  (void)run(m, prefix, iota_positions(0, prefix.size()));
-  std::size_t const past = m.cache().size();
-  std::vector<sd::position_t> positions(tree.size());
-  for (std::size_t i = 0; i < tree.size(); ++i)
-    positions[i] = static_cast<sd::position_t>(past) + tree.depth(static_cast<sd::node_index>(i));
-  sd::forward_request req;
-  req.tokens = tree.tokens();
-  req.positions = positions;
-  req.mask = tree.mask();
-  req.mask_stride = tree.mask_stride();
-  sd::forward_result out;
-  m.forward(req, out);
-  REQUIRE(out.logits_count == tree.size());
-  CHECK(m.cache().size() == past + tree.size());
+    (void)run(m, prefix, iota_positions(0, prefix.size()));
+    std::size_t const past = m.cache().size();
+    std::vector<sd::position_t> positions(tree.size());
+    for (std::size_t i = 0; i < tree.size(); ++i)
+      positions[i] = static_cast<sd::position_t>(past) + tree.depth(static_cast<sd::node_index>(i));
+    sd::forward_request req;
+    req.tokens = tree.tokens();
+    req.positions = positions;
+    req.mask = tree.mask();
+    req.mask_stride = tree.mask_stride();
+    sd::forward_result out;
+    m.forward(req, out);
+    REQUIRE(out.logits_count == tree.size());
+    CHECK(m.cache().size() == past + tree.size());
 
-  // Each node's path from the root, recomputed alone after the same prefix.
-  sd::cpu_llama alone(w, {.threads = 1});
-  for (std::size_t i = 0; i < tree.size(); ++i) {
-    CAPTURE(i);
-    std::vector<sd::token_id> path;
-    for (auto j = static_cast<sd::node_index>(i); j >= 0; j = tree.parent(j))
-      path.insert(path.begin(), tree.token(j));
+    // Each node's path from the root, recomputed alone after the same prefix.
+    sd::cpu_llama alone(w, {.threads = 1, .pack_limit = limit});
+    for (std::size_t i = 0; i < tree.size(); ++i) {
+      CAPTURE(i);
+      std::vector<sd::token_id> path;
+      for (auto j = static_cast<sd::node_index>(i); j >= 0; j = tree.parent(j))
+        path.insert(path.begin(), tree.token(j));
+      std::vector<sd::token_id> seq = prefix;
+      seq.insert(seq.end(), path.begin(), path.end());
+      alone.reset();
+      auto const l = run(alone, seq, iota_positions(0, seq.size()));
+      CHECK(st::row_error(out.logits.data() + i * 75, l.data() + (seq.size() - 1) * 75, 75) == 0.0);
+    }
+
+    // keep_path on the accepted path (root, 1, 4, 6, 10), then a forward equals recomputing.
+    std::vector<std::int32_t> const keep{0, 1, 4, 6, 10};
+    m.cache().keep_path(past, keep);
+    CHECK(m.cache().size() == past + keep.size());
+    auto const next = run(m, {7, 8}, iota_positions(past + keep.size(), 2));
     std::vector<sd::token_id> seq = prefix;
-    seq.insert(seq.end(), path.begin(), path.end());
+    for (auto k : keep) seq.push_back(tokens[static_cast<std::size_t>(k)]);
+    seq.push_back(7);
+    seq.push_back(8);
     alone.reset();
-    auto const l = run(alone, seq, iota_positions(0, seq.size()));
-    CHECK(st::row_error(out.logits.data() + i * 75, l.data() + (seq.size() - 1) * 75, 75) == 0.0);
+    auto const full = run(alone, seq, iota_positions(0, seq.size()));
+    for (std::size_t r = 0; r < 2; ++r)
+      CHECK(st::row_error(next.data() + r * 75, full.data() + (seq.size() - 2 + r) * 75, 75) ==
+            0.0);
   }
-
-  // keep_path on the accepted path (root, 1, 4, 6, 10), then a forward equals recomputing.
-  std::vector<std::int32_t> const keep{0, 1, 4, 6, 10};
-  m.cache().keep_path(past, keep);
-  CHECK(m.cache().size() == past + keep.size());
-  auto const next = run(m, {7, 8}, iota_positions(past + keep.size(), 2));
-  std::vector<sd::token_id> seq = prefix;
-  for (auto k : keep) seq.push_back(tokens[static_cast<std::size_t>(k)]);
-  seq.push_back(7);
-  seq.push_back(8);
-  alone.reset();
-  auto const full = run(alone, seq, iota_positions(0, seq.size()));
-  for (std::size_t r = 0; r < 2; ++r)
-    CHECK(st::row_error(next.data() + r * 75, full.data() + (seq.size() - 2 + r) * 75, 75) == 0.0);
 }
 
 TEST_CASE("cpu_llama: a non-tree mask (two independent chains in one batch)") {
-  auto w = st::random_llama(st::tiny_config(), 8);
-  sd::cpu_llama m(w, {.threads = 2});
-  auto const prefix = random_tokens(6, 75, 2);
-  (void)run(m, prefix, iota_positions(0, 6));
-  // Chain A = batch 0..2 at positions 6..8, chain B = batch 3..4 at positions 6..7, interleaved
-  // order irrelevant: here A then B.
-  std::vector<sd::token_id> const batch{3, 14, 15, 92 % 75, 26};
-  std::vector<sd::position_t> const positions{6, 7, 8, 6, 7};
-  auto const group = [](std::size_t i) { return i < 3 ? 0 : 1; };
-  auto const mask = st::make_mask(
-      5, [&](std::size_t i, std::size_t j) { return group(i) == group(j) && j <= i; });
-  auto const got = run(m, batch, positions, mask);
-  sd::cpu_llama alone(w, {.threads = 1});
-  for (std::size_t i = 0; i < 5; ++i) {
-    CAPTURE(i);
-    std::vector<sd::token_id> seq = prefix;
-    for (std::size_t j = 0; j <= i; ++j)
-      if (group(j) == group(i)) seq.push_back(batch[j]);
-    alone.reset();
-    auto const l = run(alone, seq, iota_positions(0, seq.size()));
-    CHECK(st::row_error(got.data() + i * 75, l.data() + (seq.size() - 1) * 75, 75) == 0.0);
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    auto w = st::random_llama(st::tiny_config(), 8);
+    sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
+    auto const prefix = random_tokens(6, 75, 2);
+    (void)run(m, prefix, iota_positions(0, 6));
+    // Chain A = batch 0..2 at positions 6..8, chain B = batch 3..4 at positions 6..7, interleaved
+    // order irrelevant: here A then B.
+    std::vector<sd::token_id> const batch{3, 14, 15, 92 % 75, 26};
+    std::vector<sd::position_t> const positions{6, 7, 8, 6, 7};
+    auto const group = [](std::size_t i) { return i < 3 ? 0 : 1; };
+    auto const mask = st::make_mask(
+        5, [&](std::size_t i, std::size_t j) { return group(i) == group(j) && j <= i; });
+    auto const got = run(m, batch, positions, mask);
+    sd::cpu_llama alone(w, {.threads = 1, .pack_limit = limit});
+    for (std::size_t i = 0; i < 5; ++i) {
+      CAPTURE(i);
+      std::vector<sd::token_id> seq = prefix;
+      for (std::size_t j = 0; j <= i; ++j)
+        if (group(j) == group(i)) seq.push_back(batch[j]);
+      alone.reset();
+      auto const l = run(alone, seq, iota_positions(0, seq.size()));
+      CHECK(st::row_error(got.data() + i * 75, l.data() + (seq.size() - 1) * 75, 75) == 0.0);
+    }
+    // A mask that lets a token see a later batch token is honoured too (lookahead-style): token 0
+    // seeing token 1 changes its logits.
+    auto const full = st::make_mask(2, [](std::size_t, std::size_t) { return true; });
+    m.cache().truncate(6);
+    auto const both = run(m, {3, 14}, {6, 7}, full);
+    m.cache().truncate(6);
+    auto const causal = run(m, {3, 14}, {6, 7});
+    CHECK(st::row_error(both.data(), causal.data(), 75) > 1e-3);
   }
-  // A mask that lets a token see a later batch token is honoured too (lookahead-style): token 0
-  // seeing token 1 changes its logits.
-  auto const full = st::make_mask(2, [](std::size_t, std::size_t) { return true; });
-  m.cache().truncate(6);
-  auto const both = run(m, {3, 14}, {6, 7}, full);
-  m.cache().truncate(6);
-  auto const causal = run(m, {3, 14}, {6, 7});
-  CHECK(st::row_error(both.data(), causal.data(), 75) > 1e-3);
 }
 
 TEST_CASE("cpu_llama: truncate then forward equals recomputing from scratch") {
-  auto w = st::random_llama(st::tiny_config(true), 31);
-  sd::cpu_llama m(w, {.threads = 2});
-  auto const seq = random_tokens(20, 75, 4);
-  (void)run(m, seq, iota_positions(0, 20));
-  m.cache().truncate(12);
-  std::vector<sd::token_id> const more{1, 2, 3};
-  auto const got = run(m, more, iota_positions(12, 3));
-  std::vector<sd::token_id> full(seq.begin(), seq.begin() + 12);
-  full.insert(full.end(), more.begin(), more.end());
-  sd::cpu_llama fresh(w, {.threads = 1});
-  auto const want = run(fresh, full, iota_positions(0, full.size()));
-  for (std::size_t r = 0; r < 3; ++r)
-    CHECK(st::row_error(got.data() + r * 75, want.data() + (12 + r) * 75, 75) == 0.0);
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    auto w = st::random_llama(st::tiny_config(true), 31);
+    sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
+    auto const seq = random_tokens(20, 75, 4);
+    (void)run(m, seq, iota_positions(0, 20));
+    m.cache().truncate(12);
+    std::vector<sd::token_id> const more{1, 2, 3};
+    auto const got = run(m, more, iota_positions(12, 3));
+    std::vector<sd::token_id> full(seq.begin(), seq.begin() + 12);
+    full.insert(full.end(), more.begin(), more.end());
+    sd::cpu_llama fresh(w, {.threads = 1, .pack_limit = limit});
+    auto const want = run(fresh, full, iota_positions(0, full.size()));
+    for (std::size_t r = 0; r < 3; ++r)
+      CHECK(st::row_error(got.data() + r * 75, want.data() + (12 + r) * 75, 75) == 0.0);
+  }
 }
 
 TEST_CASE("cpu_llama: logits_rows, hidden rows, hidden_layer and skip_layers") {

@@ -38,6 +38,12 @@ struct cpu_llama_options {
   //! (`thread_pool::shared`), which every model with the same thread count uses in turn. When
   //! given, its size overrides `threads`.
   std::shared_ptr<thread_pool> pool = nullptr;
+  //! Models whose layer matrices and classifier take at most this many bytes are repacked at
+  //! construction (a copy of that size) for the small-model kernels (`detail::cpu::packed_gemm`);
+  //! larger ones are used in place. Either way a token's logits do not depend on its batch or the
+  //! thread count, but the two layouts round differently: models that must agree bit for bit
+  //! (a target and its layer-skipping copy) need the same limit.
+  std::size_t pack_limit = std::size_t{64} << 20;
 };
 
 //! A Llama-architecture causal language model on the CPU: RMSNorm, RoPE (interleaved pairs),
@@ -92,7 +98,19 @@ class cpu_llama {
         rope_[p * head_size_ + i + 1] = static_cast<float>(std::sin(angle));
       }
     }
-    scores_.resize(pool_->size() * max_context_);
+    lcap_ = (max_context_ + 15) / 16 * 16;
+    std::size_t const chunk = detail::cpu::value_chunk;
+    if (chunk != 0 && head_size_ % chunk == 0)
+      heads_per_task_ =
+          std::max<std::size_t>(1, detail::cpu::max_value_accumulators / (head_size_ / chunk));
+    heads_per_task_ = std::min(heads_per_task_, n_heads_);
+    scores_per_thread_ = (transposed_heads() ? 1 : heads_per_task_) * lcap_;
+    scores_.resize(pool_->size() * scores_per_thread_);
+    if (transposed_heads()) {
+      kt_ = detail::cpu::aligned_floats(kv_dim_ * lcap_);
+      vt_ = detail::cpu::aligned_floats(kv_dim_ * lcap_);
+    }
+    if (matrix_bytes() <= options.pack_limit) pack();
     grow(std::max<std::size_t>(1, options.batch_capacity));
   }
 
@@ -120,6 +138,9 @@ class cpu_llama {
   }
   //! The thread pool (shareable with another model through `cpu_llama_options::pool`).
   [[nodiscard]] std::shared_ptr<thread_pool> const& pool() const noexcept { return pool_; }
+  //! Whether the weights were repacked for the small-model kernels
+  //! (`cpu_llama_options::pack_limit`).
+  [[nodiscard]] bool packed() const noexcept { return !packed_.empty(); }
 
   //! The KV cache: truncate / keep_path it to commit speculation.
   [[nodiscard]] contiguous_cache& cache() noexcept { return cache_; }
@@ -149,6 +170,14 @@ class cpu_llama {
   }
 
  private:
+  // The matrices of one layer repacked for the small-model kernels.
+  struct packed_layer {
+    detail::cpu::packed_matrix qkv;  // [dim + 2 kv_dim, dim]: wq, wk, wv
+    detail::cpu::packed_matrix wo;   // [dim, dim]
+    detail::cpu::packed_matrix w13;  // gate (w1) and up (w3) pairs, [hidden_dim, dim] each
+    detail::cpu::packed_matrix w2;   // [dim, hidden_dim]
+  };
+
   void check_weights() const {
     llama_weights const& w = *weights_;
     SPECDEC_CHECK(w.token_embedding != nullptr && w.rms_final != nullptr && w.classifier != nullptr,
@@ -184,16 +213,51 @@ class cpu_llama {
     }
   }
 
+  // Whether attention uses keys and values transposed into blocks (AVX-512, heads of 8 floats).
+  [[nodiscard]] bool transposed_heads() const noexcept {
+    return detail::cpu::transposed8 && head_size_ == 8;
+  }
+
+  // Bytes of the layer matrices and the classifier.
+  [[nodiscard]] std::size_t matrix_bytes() const noexcept {
+    std::size_t const layer = 2 * dim_ * dim_ + 2 * kv_dim_ * dim_ + 3 * hidden_dim_ * dim_;
+    return (n_layers_ * layer + vocab_ * dim_) * sizeof(float);
+  }
+
+  // Repacks every matrix for the small-model kernels.
+  void pack() {
+    namespace k = detail::cpu;
+    llama_weights const& w = *weights_;
+    packed_.reserve(n_layers_);
+    for (llama_layer_weights const& lw : w.layers) {
+      packed_.push_back(
+          {k::packed_matrix({{lw.wq, dim_}, {lw.wk, kv_dim_}, {lw.wv, kv_dim_}}, dim_),
+           k::packed_matrix({{lw.wo, dim_}}, dim_),
+           k::packed_matrix::pairs(lw.w1, lw.w3, hidden_dim_, dim_),
+           k::packed_matrix({{lw.w2, dim_}}, hidden_dim_)});
+    }
+    packed_classifier_ = k::packed_matrix({{w.classifier, vocab_}}, dim_);
+  }
+
   // Grows the per-batch buffers to `n` rows (allocates; never called once large enough).
   void grow(std::size_t n) {
     x_.resize(n * dim_);
     xb_.resize(n * dim_);
-    q_.resize(n * dim_);
+    if (packed())
+      qkv_.resize(n * (dim_ + 2 * kv_dim_));
+    else
+      q_.resize(n * dim_);
     att_.resize(n * dim_);
     hb_.resize(n * hidden_dim_);
-    hb2_.resize(n * hidden_dim_);
+    if (!packed()) hb2_.resize(n * hidden_dim_);
     gather_.resize(n * dim_);
     visible_end_.resize(n);
+    runs_.resize(pool_->size() * (n + 1));
+    if (transposed_heads()) {
+      tail_blocks_ = (n + 31) / 16;
+      tail_.resize(pool_->size() * tail_blocks_ * 128);
+      tail_rows_.resize(pool_->size() * (n + 16));
+    }
     batch_capacity_ = n;
   }
 
@@ -209,6 +273,17 @@ class cpu_llama {
     }
   }
 
+  // y (op)= w x for the tokens [0, n) of x (rows ldx apart; y rows ldy apart), vectors split
+  // across the pool.
+  template <detail::cpu::panel_op Op>
+  void packed_product(detail::cpu::packed_matrix const& w, float const* x, std::size_t ldx,
+                      std::size_t n, float* y, std::size_t ldy) noexcept {
+    std::size_t const work = w.vectors() * detail::cpu::simd::width * w.k() * n;
+    split_rows(w.vectors(), 4, work, [&](std::size_t v0, std::size_t v1) {
+      detail::cpu::packed_gemm<Op>(w, v0, v1, x, ldx, n, y, ldy);
+    });
+  }
+
   void run(forward_request const& req, std::size_t past, forward_result& out) noexcept {
     namespace k = detail::cpu;
     llama_weights const& w = *weights_;
@@ -220,8 +295,12 @@ class cpu_llama {
       std::memcpy(x_.data() + t * dim_,
                   w.token_embedding + static_cast<std::size_t>(req.tokens[t]) * dim_,
                   dim_ * sizeof(float));
-    // Per token, one past the last batch token it sees (attention skips the rows after it).
-    for (std::size_t t = 0; t < n; ++t) visible_end_[t] = last_visible(req, t) + 1;
+    // Per token, one past the last batch token it sees (attention scores no row after it).
+    visible_rows_ = 0;
+    for (std::size_t t = 0; t < n; ++t) {
+      visible_end_[t] = last_visible(req, t) + 1;
+      visible_rows_ = std::max(visible_rows_, visible_end_[t]);
+    }
 
     std::size_t skip_at = 0;
     for (std::size_t l = 0; l < n_layers_; ++l) {
@@ -231,7 +310,12 @@ class cpu_llama {
         skip = true;
         ++skip_at;
       }
-      if (!skip) layer(l, req, past);
+      if (!skip) {
+        if (packed())
+          layer_packed(l, req, past);
+        else
+          layer(l, req, past);
+      }
       if (static_cast<std::int32_t>(l) == req.hidden_layer)
         std::memcpy(out.layer_hidden.data(), x_.data(), n * dim_ * sizeof(float));
     }
@@ -251,6 +335,10 @@ class cpu_llama {
       rows = gather_.data();
     }
     float* const logits = out.logits.data();
+    if (packed()) {
+      packed_product<k::panel_op::store>(packed_classifier_, rows, dim_, m, logits, vocab_);
+      return;
+    }
     split_rows(vocab_, k::tile_rows, vocab_ * dim_ * m, [&](std::size_t r0, std::size_t r1) {
       k::gemm_nt(w.classifier, dim_, r0, r1, rows, dim_, m, dim_, logits, vocab_, false);
     });
@@ -269,6 +357,7 @@ class cpu_llama {
     return t;  // unreachable: validate() ensures the token sees itself
   }
 
+  // A layer with the weights in place (large models).
   void layer(std::size_t l, forward_request const& req, std::size_t past) noexcept {
     namespace k = detail::cpu;
     llama_layer_weights const& lw = weights_->layers[l];
@@ -298,14 +387,9 @@ class cpu_llama {
       k::rope(q_.data() + t * dim_, n_heads_, head_size_, cs);
       k::rope(kc + (past + t) * kv_dim_, n_kv_heads_, head_size_, cs);
     }
-
-    // Attention over the cache and the visible batch tokens, one task per (head, token).
-    std::size_t const tasks = n * n_heads_;
-    std::size_t const ctx_work = (past + n) * head_size_ * 2;
-    pool_task_split(tasks, tasks * ctx_work, [&](std::size_t thread, std::size_t b, std::size_t e) {
-      float* const scores = scores_.data() + thread * max_context_;
-      for (std::size_t task = b; task < e; ++task) attend(task, req, past, kc, vc, scores);
-    });
+    q_base_ = q_.data();
+    q_ld_ = dim_;
+    attention(req, past, kc, vc);
 
     // Output projection, added to the residual stream.
     split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
@@ -331,6 +415,68 @@ class cpu_llama {
     });
   }
 
+  // A layer with repacked weights (small models): q, k and v in one product, then RoPE and the
+  // copy of k and v into the cache rows; gate and up in one product with SwiGLU applied.
+  void layer_packed(std::size_t l, forward_request const& req, std::size_t past) noexcept {
+    namespace k = detail::cpu;
+    packed_layer const& pl = packed_[l];
+    llama_layer_weights const& lw = weights_->layers[l];
+    float const eps = weights_->config.rms_eps;
+    std::size_t const n = req.tokens.size();
+    float* const kc = cache_.keys(l);
+    float* const vc = cache_.values(l);
+    std::size_t const ld = dim_ + 2 * kv_dim_;
+
+    for (std::size_t t = 0; t < n; ++t)
+      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
+    packed_product<k::panel_op::store>(pl.qkv, xb_.data(), dim_, n, qkv_.data(), ld);
+    for (std::size_t t = 0; t < n; ++t) {
+      float* const row = qkv_.data() + t * ld;
+      float const* const cs =
+          rope_.data() + static_cast<std::size_t>(req.positions[t]) * head_size_;
+      k::rope(row, n_heads_, head_size_, cs);
+      k::rope(row + dim_, n_kv_heads_, head_size_, cs);
+      std::memcpy(kc + (past + t) * kv_dim_, row + dim_, kv_dim_ * sizeof(float));
+      std::memcpy(vc + (past + t) * kv_dim_, row + dim_ + kv_dim_, kv_dim_ * sizeof(float));
+    }
+    q_base_ = qkv_.data();
+    q_ld_ = ld;
+    attention(req, past, kc, vc);
+
+    packed_product<k::panel_op::add>(pl.wo, att_.data(), dim_, n, x_.data(), dim_);
+    for (std::size_t t = 0; t < n; ++t)
+      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_ffn, dim_, eps);
+    packed_product<k::panel_op::swiglu>(pl.w13, xb_.data(), dim_, n, hb_.data(), hidden_dim_);
+    packed_product<k::panel_op::add>(pl.w2, hb_.data(), hidden_dim_, n, x_.data(), dim_);
+  }
+
+  // Attention of every batch token over the cache rows it sees; writes att_. Heads of 8 floats
+  // (AVX-512): keys and values transposed once per layer, then one task per (kv head, token).
+  // Otherwise one task per (token, group of heads_per_task_ heads).
+  void attention(forward_request const& req, std::size_t past, float const* kc,
+                 float const* vc) noexcept {
+    std::size_t const n = req.tokens.size();
+    std::size_t const work = n * n_heads_ * (past + visible_rows_) * head_size_ * 2;
+    if (transposed_heads()) {
+      for (std::size_t g = 0; g < n_kv_heads_; ++g) {
+        detail::cpu::transpose_rows8(kc + g * 8, kv_dim_, past + visible_rows_,
+                                     kt_.data() + g * lcap_ * 8);
+        detail::cpu::transpose_rows8(vc + g * 8, kv_dim_, past + visible_rows_,
+                                     vt_.data() + g * lcap_ * 8);
+      }
+      pool_task_split(n_kv_heads_ * n, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
+        for (std::size_t task = b; task < e; ++task)
+          attend8(task / n, task % n, thread, req, past, vc);
+      });
+      return;
+    }
+    std::size_t const groups = (n_heads_ + heads_per_task_ - 1) / heads_per_task_;
+    pool_task_split(n * groups, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
+      for (std::size_t task = b; task < e; ++task)
+        attend(task / groups, task % groups, thread, req, past, kc, vc);
+    });
+  }
+
   // Splits `tasks` evenly over the pool (or runs them here when the work is small); f(thread,
   // begin, end).
   template <class F>
@@ -347,39 +493,171 @@ class cpu_llama {
     });
   }
 
-  // Attention of head h = task / n, batch token t = task % n: softmax(q K^T / sqrt(d)) V over cache
-  // rows [0, past) and the batch rows the token sees. Head-major order keeps one head's keys and
-  // values hot in cache across the batch.
-  void attend(std::size_t task, forward_request const& req, std::size_t past, float const* kc,
-              float const* vc, float* scores) noexcept {
-    namespace k = detail::cpu;
+  // The virtual sequence of batch token t -- the cache rows [0, past), then the batch rows its
+  // mask lets it see, in batch order -- as runs of consecutive cache rows; returns the number of
+  // runs and sets `length` to the sequence's length. Attention sums over the sequence in its
+  // order, so a token's result is the same as when the same tokens sit at consecutive positions.
+  std::size_t sequence(std::size_t t, forward_request const& req, std::size_t past,
+                       detail::cpu::row_run* runs, std::size_t& length) const noexcept {
     std::size_t const n = req.tokens.size();
-    std::size_t const h = task / n;
-    std::size_t const t = task % n;
-    std::size_t const kv_off = (h / (n_heads_ / n_kv_heads_)) * head_size_;
-    std::size_t const end = past + visible_end_[t];  // rows [0, end) may be visible
+    std::size_t n_runs = 0;
+    length = 0;
+    auto add = [&](std::size_t row, std::size_t count) {
+      if (n_runs > 0 && runs[n_runs - 1].row + runs[n_runs - 1].count == row)
+        runs[n_runs - 1].count += count;
+      else
+        runs[n_runs++] = {row, count};
+      length += count;
+    };
+    if (past > 0) add(0, past);
+    if (req.mask.empty()) {
+      add(past, t + 1);
+      return n_runs;
+    }
+    std::uint64_t const* row = req.mask.data() + t * req.mask_stride;
+    for (std::size_t word = 0; word < mask_words(n); ++word) {
+      std::uint64_t bits = row[word];
+      if (word == n / 64 && n % 64 != 0) bits &= (std::uint64_t{1} << (n % 64)) - 1;
+      for (; bits != 0; bits &= bits - 1)
+        add(past + word * 64 + static_cast<std::size_t>(std::countr_zero(bits)), 1);
+    }
+    return n_runs;
+  }
+
+  // Scores s[0, past + visible_end_[t]) by cache row compacted to the virtual sequence `runs`.
+  static void compact(float* s, detail::cpu::row_run const* runs, std::size_t n_runs) noexcept {
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < n_runs; ++r) {
+      if (runs[r].row != at) std::copy(s + runs[r].row, s + runs[r].row + runs[r].count, s + at);
+      at += runs[r].count;
+    }
+  }
+
+  // Attention of batch token t for the query heads of kv head g (heads of 8 floats, keys and
+  // values transposed): scores from kt_, then softmax and values in one pass over vt_ (and, for a
+  // sequence that leaves the cache order, its tail gathered and transposed here).
+  void attend8(std::size_t g, std::size_t t, std::size_t thread, forward_request const& req,
+               std::size_t past, float const* vc) noexcept {
+    namespace k = detail::cpu;
+    std::size_t const per_kv = n_heads_ / n_kv_heads_;
+    float* const scores = scores_.data() + thread * scores_per_thread_;
+    k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
+    std::size_t length = 0;
+    std::size_t const n_runs = sequence(t, req, past, runs, length);
+    bool const compacted = n_runs > 1 || runs[0].row != 0;  // the sequence is not [0, length)
+    // Blocks [0, from) of the sequence are cache rows at their own index (the shared transposed
+    // values); the others are gathered and transposed here.
+    std::size_t const blocks = (length + 15) / 16;
+    std::size_t const from = !compacted ? blocks : runs[0].row == 0 ? runs[0].count / 16 : 0;
+    float* const tail = tail_.data() + thread * tail_blocks_ * 128;
+    if (from < blocks) {
+      std::size_t* const phys = tail_rows_.data() + thread * (batch_capacity_ + 16);
+      std::size_t vi = 0, m = 0;
+      for (std::size_t r = 0; r < n_runs; ++r)
+        for (std::size_t c = 0; c < runs[r].count; ++c, ++vi)
+          if (vi >= 16 * from) phys[m++] = runs[r].row + c;
+      for (std::size_t b = from; b < blocks; ++b) {
+        float const* rows[16];
+        for (std::size_t i = 0; i < 16; ++i) {
+          std::size_t const at = (b - from) * 16 + i;
+          rows[i] = at < m ? vc + phys[at] * kv_dim_ + g * 8 : nullptr;
+        }
+        k::transpose_gather8(rows, tail + (b - from) * 128);
+      }
+    }
+    std::size_t const end = past + visible_end_[t];
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
-    float* const out = att_.data() + t * dim_ + h * head_size_;
-    k::attention_scores(q_.data() + t * dim_ + h * head_size_, kc + kv_off, kv_dim_, end,
-                        head_size_, scale, scores);
-    bool const masked = !req.mask.empty() || visible_end_[t] != t + 1;
-    if (masked) {
-      for (std::size_t j = past; j < end; ++j)
-        if (!req.visible(t, j - past)) scores[j] = -std::numeric_limits<float>::infinity();
+    for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
+      float top =
+          k::scores8(q_base_ + t * q_ld_ + h * 8, kt_.data() + g * lcap_ * 8, end, scale, scores);
+      if (compacted) {
+        compact(scores, runs, n_runs);
+        top = k::row_max(scores, length);
+      }
+      k::softmax_values8(scores, length, top, vt_.data() + g * lcap_ * 8, from, tail,
+                         att_.data() + t * dim_ + h * 8);
     }
-    k::softmax_exp(scores, end);
-    k::attention_values(scores, vc + kv_off, kv_dim_, end, head_size_, out);
-    // The denominator over the visible entries packed together, so that it is summed exactly as
-    // when the same tokens sit at consecutive positions (a token's logits do not depend on the
-    // batch it is scored in).
-    std::size_t count = end;
-    if (masked) {
-      count = past;
-      for (std::size_t j = past; j < end; ++j)
-        if (req.visible(t, j - past)) scores[count++] = scores[j];
+  }
+
+  // Attention of batch token t, heads [group * heads_per_task_, ...) (any head size): scores by
+  // cache row [0, past + visible_end_[t]) compacted to the virtual sequence, softmax over it, then
+  // the values summed over it in its order.
+  void attend(std::size_t t, std::size_t group, std::size_t thread, forward_request const& req,
+              std::size_t past, float const* kc, float const* vc) noexcept {
+    namespace k = detail::cpu;
+    float* const scores = scores_.data() + thread * scores_per_thread_;
+    k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
+    std::size_t length = 0;
+    std::size_t const n_runs = sequence(t, req, past, runs, length);
+    bool const compacted = n_runs > 1 || runs[0].row != 0;
+
+    std::size_t const h0 = group * heads_per_task_;
+    std::size_t const h1 = std::min(n_heads_, h0 + heads_per_task_);
+    std::size_t const end = past + visible_end_[t];
+    std::size_t const per_kv = n_heads_ / n_kv_heads_;
+    float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
+    float top[k::max_value_accumulators];
+    for (std::size_t h = h0; h < h1; ++h) {
+      float* const s = scores + (h - h0) * lcap_;
+      k::attention_scores(q_base_ + t * q_ld_ + h * head_size_, kc + (h / per_kv) * head_size_,
+                          kv_dim_, end, head_size_, scale, s);
+      if (compacted) compact(s, runs, n_runs);
+      top[h - h0] = k::row_max(s, length);
     }
-    float const inv = 1.0f / k::lane_sum(scores, count);
-    for (std::size_t d = 0; d < head_size_; ++d) out[d] *= inv;
+    float inv[k::max_value_accumulators];
+    k::softmax_rows(h1 - h0, scores, lcap_, length, top, inv);
+    for (std::size_t h = h0; h < h1; ++h) inv[h - h0] = 1.0f / inv[h - h0];
+
+    // Values: (head, chunk) accumulators in passes of at most max_value_accumulators.
+    float* const att = att_.data() + t * dim_;
+    std::size_t const chunk = k::value_chunk;
+    if (chunk == 0 || head_size_ % chunk != 0) {
+      for (std::size_t h = h0; h < h1; ++h)
+        k::attention_values_scalar(scores + (h - h0) * lcap_, vc + (h / per_kv) * head_size_,
+                                   kv_dim_, head_size_, runs, n_runs, inv[h - h0],
+                                   att + h * head_size_);
+      return;
+    }
+#if defined(__SSE2__)
+    std::size_t const chunks = head_size_ / chunk;
+    if (chunks == 1) {
+      // One chunk per head: accumulator a is head h0 + a, value offset (h0 + a) / per_kv.
+      std::size_t const count = h1 - h0;
+      std::size_t const shared = std::min(per_kv, count);
+      bool regular = true;
+      for (std::size_t a = 0; a < count; ++a)
+        regular = regular && (h0 + a) / per_kv - h0 / per_kv == a / shared;
+      if (regular && k::attention_values_regular(count, shared, false, scores, lcap_, inv,
+                                                 att + h0 * head_size_, vc, kv_dim_,
+                                                 (h0 / per_kv) * head_size_, runs, n_runs))
+        return;
+    } else if (chunks % k::max_value_accumulators == 0) {
+      // Whole passes within one head.
+      for (std::size_t h = h0; h < h1; ++h)
+        for (std::size_t c = 0; c < chunks; c += k::max_value_accumulators)
+          k::attention_values_regular(k::max_value_accumulators, 1, true, scores + (h - h0) * lcap_,
+                                      0, inv + (h - h0), att + h * head_size_ + c * chunk, vc,
+                                      kv_dim_, (h / per_kv) * head_size_ + c * chunk, runs, n_runs);
+      return;
+    }
+    std::size_t const pairs = (h1 - h0) * chunks;
+    for (std::size_t a0 = 0; a0 < pairs; a0 += k::max_value_accumulators) {
+      std::size_t const count = std::min(k::max_value_accumulators, pairs - a0);
+      float const* p[k::max_value_accumulators];
+      std::size_t off[k::max_value_accumulators];
+      float pinv[k::max_value_accumulators];
+      float* o[k::max_value_accumulators];
+      for (std::size_t a = 0; a < count; ++a) {
+        std::size_t const h = h0 + (a0 + a) / chunks;
+        std::size_t const c = (a0 + a) % chunks;
+        p[a] = scores + (h - h0) * lcap_;
+        off[a] = (h / per_kv) * head_size_ + c * chunk;
+        pinv[a] = inv[h - h0];
+        o[a] = att + h * head_size_ + c * chunk;
+      }
+      k::attention_values(count, p, off, pinv, o, vc, kv_dim_, runs, n_runs);
+    }
+#endif
   }
 
   std::shared_ptr<llama_weights const> weights_;
@@ -388,16 +666,31 @@ class cpu_llama {
   std::size_t dim_ = 0, hidden_dim_ = 0, n_layers_ = 0, n_heads_ = 0, n_kv_heads_ = 0;
   std::size_t head_size_ = 0, kv_dim_ = 0, vocab_ = 0, max_context_ = 0;
   std::size_t batch_capacity_ = 0;
-  std::vector<float> rope_;               // [max_context, head_size]: (cos, sin) per pair
-  std::vector<float> scores_;             // [threads, max_context] attention scratch
-  std::vector<float> x_;                  // [batch, dim] residual stream
-  std::vector<float> xb_;                 // [batch, dim] normed input
-  std::vector<float> q_;                  // [batch, dim] queries
-  std::vector<float> att_;                // [batch, dim] attention output
-  std::vector<float> hb_;                 // [batch, hidden_dim] gate, then SwiGLU
-  std::vector<float> hb2_;                // [batch, hidden_dim] up
-  std::vector<float> gather_;             // [batch, dim] rows that need logits
-  std::vector<std::size_t> visible_end_;  // [batch]
+  std::size_t lcap_ = 0;               // max_context rounded up to 16: a score row's room
+  std::size_t heads_per_task_ = 1;     // heads of one attention task (any head size)
+  std::size_t scores_per_thread_ = 0;  // floats of score rows per thread
+  std::size_t visible_rows_ = 0;       // max over the batch of visible_end_
+  float const* q_base_ = nullptr;      // the current layer's queries, rows q_ld_ apart
+  std::size_t q_ld_ = 0;
+  std::vector<packed_layer> packed_;              // [n_layers] or empty (weights used in place)
+  detail::cpu::packed_matrix packed_classifier_;  // [vocab, dim] when packed
+  std::vector<float> rope_;                       // [max_context, head_size]: (cos, sin) per pair
+  std::vector<float> scores_;               // [threads, heads_per_task, lcap] attention scratch
+  detail::cpu::aligned_floats kt_;          // [kv_heads, lcap / 16, 8, 16] transposed keys
+  detail::cpu::aligned_floats vt_;          // [kv_heads, lcap / 16, 8, 16] transposed values
+  std::size_t tail_blocks_ = 0;             // blocks of a gathered sequence tail per kv head
+  std::vector<float> tail_;                 // [threads, tail_blocks, 128] gathered values
+  std::vector<std::size_t> tail_rows_;      // [threads, batch + 16] cache rows of a sequence tail
+  std::vector<detail::cpu::row_run> runs_;  // [threads, batch + 1] virtual sequences
+  std::vector<float> x_;                    // [batch, dim] residual stream
+  std::vector<float> xb_;                   // [batch, dim] normed input
+  std::vector<float> q_;                    // [batch, dim] queries (weights in place)
+  std::vector<float> qkv_;                  // [batch, dim + 2 kv_dim] q, k, v (packed)
+  std::vector<float> att_;                  // [batch, dim] attention output
+  std::vector<float> hb_;                   // [batch, hidden_dim] gate, then SwiGLU
+  std::vector<float> hb2_;                  // [batch, hidden_dim] up (weights in place)
+  std::vector<float> gather_;               // [batch, dim] rows that need logits
+  std::vector<std::size_t> visible_end_;    // [batch]
 };
 
 }  // namespace specdec
