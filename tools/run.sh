@@ -40,17 +40,18 @@ case "$cmd" in
       build/release/tools/specdec-generate "$@"
     else
       # Speculative generation with the draft model trained for the fixture (self-speculation by
-      # layer skipping when it is not there), the autoregressive baseline, and the statistics.
+      # layer skipping when it is not there), the autoregressive baseline, and the statistics;
+      # timings from the median of 5 alternating runs of each (one run lasts a few milliseconds).
       draft=tools/draft/stories_draft.bin
       if [ -f "$draft" ]; then
-        strategy=(--strategy draft --draft "$draft" -k 4)
+        strategy=(--strategy draft --draft "$draft" -k 3)
       else
         echo "specdec: $draft not found; showing layer-skip self-speculation instead" >&2
-        strategy=(--strategy layer-skip --skip-layers 2 -k 4)
+        strategy=(--strategy layer-skip --skip-layers 2 -k 3)
       fi
       build/release/tools/specdec-generate --model "$SPECDEC_MODEL_DIR/stories260K.bin" \
         --tokenizer "$SPECDEC_MODEL_DIR/tok512.bin" "${strategy[@]}" \
-        --prompt "Once upon a time" -n 200 --compare
+        --prompt "Once upon a time" -n 200 --compare --repeat 5
     fi
     ;;
   *)

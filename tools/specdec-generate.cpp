@@ -163,14 +163,21 @@ int run(options const& o) {
   text_stream stream(tok, prompt_text, prompt.back());
   if (!opt.json) s.on_token = [&stream](sd::token_id t) { return stream(t); };
 
-  run_output const out = find_strategy(opt.strategy).run(s);
+  strategy const& chosen = find_strategy(opt.strategy);
+  std::vector<run_output> runs{chosen.run(s)};
   if (!opt.json) stream.finish();
+  s.on_token = {};
+  std::vector<run_output> baselines;
+  if (opt.compare) baselines.push_back(run_autoregressive(s));
+  // --repeat: further runs, alternating with the baseline's, so that both see the same machine.
+  for (std::size_t r = 1; r < opt.repeat; ++r) {
+    runs.push_back(chosen.run(s));
+    if (opt.compare) baselines.push_back(run_autoregressive(s));
+  }
+  run_output const out = median_run(std::move(runs));
 
   std::optional<comparison> cmp;
-  if (opt.compare) {
-    s.on_token = {};
-    cmp = compare_runs(out, run_autoregressive(s), s.greedy());
-  }
+  if (opt.compare) cmp = compare_runs(out, median_run(std::move(baselines)), s.greedy());
   comparison const* const c = cmp ? &*cmp : nullptr;
 
   if (opt.json) {
@@ -183,7 +190,8 @@ int run(options const& o) {
         .text("text", decode_after(tok, prompt.back(), out.result.tokens))
         .raw("tokens", json_int_array(std::span<sd::token_id const>(out.result.tokens)))
         .text("finish_reason", sd::to_string(out.result.reason))
-        .raw("stats", stats_json(out, c));
+        .raw("stats", stats_json(out, c))
+        .number("repeat", static_cast<double>(opt.repeat));
     if (c != nullptr) {
       auto const& b = c->baseline.result;
       j.raw("baseline", json_object()
@@ -197,6 +205,9 @@ int run(options const& o) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
     print_table(stdout, out, c);
+    if (opt.repeat > 1)
+      std::printf("  (timings: the run of median time of %zu%s)\n", opt.repeat,
+                  c != nullptr ? ", for each, run alternately" : "");
   }
   std::fflush(stdout);
   return 0;

@@ -159,6 +159,7 @@ TEST_CASE("generate: --help lists every flag and exits 0") {
                            "--prompt-file",
                            "-n",
                            "--compare",
+                           "--repeat",
                            "--json",
                            "--threads",
                            "--skip-layers",
@@ -194,6 +195,31 @@ TEST_CASE("generate: streams the text, then the statistics table and the compari
     CAPTURE(label);
     CHECK(r.out.find(label, text.size()) != std::string::npos);
   }
+}
+
+TEST_CASE("generate: --repeat runs the request and the baseline several times, streams once") {
+  process_result const r = gen(
+      once({"--strategy", "draft", "--draft", model(), "-n", "16", "--compare", "--repeat", "3"}));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  std::vector<specdec::token_id> ids;
+  for (auto t : reference_continuation(16)) ids.push_back(static_cast<specdec::token_id>(t));
+  std::string const text =
+      "Once upon a time" + tok().decode(std::span<specdec::token_id const>(ids));
+  CHECK(r.out.rfind(text + "\n", 0) == 0);
+  CHECK(r.out.find(text, 1) == std::string::npos);  // streamed by the first run only
+  CHECK(r.out.find("the run of median time of 3, for each, run alternately") != std::string::npos);
+  CHECK(r.out.find("outputs identical      yes") != std::string::npos);
+
+  json_value const j = gen_json(once({"--strategy", "prompt-lookup", "-n", "16", "--compare",
+                                      "--repeat", "4", "--temp", "1", "--seed", "3"}));
+  CHECK(j["repeat"].number() == 4);
+  json_value const single =
+      gen_json(once({"--strategy", "prompt-lookup", "-n", "16", "--temp", "1", "--seed", "3"}));
+  CHECK(single["repeat"].number() == 1);
+  CHECK(tokens_of(j) == tokens_of(single));  // every run of a seeded request is the same
+  CHECK(j["baseline"]["tokens"].ints().size() == 16);
+  CHECK(j["stats"]["speedup"].number() > 0.0);
 }
 
 TEST_CASE("generate: --json fields") {
@@ -387,6 +413,8 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
               "--repetition-penalty must be > 0");
   check_error(with({"--strategy", "autoregressive", "--seed", "-1"}), 2, "--seed");
   check_error(with({"--strategy", "autoregressive", "--threads", "0"}), 2, "--threads");
+  check_error(with({"--strategy", "autoregressive", "--repeat", "0"}), 2, "--repeat");
+  check_error(with({"--strategy", "autoregressive", "--repeat", "x"}), 2, "--repeat");
   check_error(with({"--strategy", "autoregressive", "--confidence", "0.5"}), 2, "--confidence");
   check_error(with({"--strategy", "draft"}), 2, "--draft PATH");
   check_error(with({"--strategy", "prompt-lookup", "--draft", m}), 2, "--draft applies");

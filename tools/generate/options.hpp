@@ -63,6 +63,7 @@ struct options {
   bool ignore_eos = false;                               //!< --ignore-eos
   std::vector<std::string> stops;                        //!< --stop TEXT (repeatable)
   bool compare = false;                                  //!< --compare
+  std::size_t repeat = 1;                                //!< --repeat
   bool json = false;                                     //!< --json
   bool help = false;                                     //!< --help
 };
@@ -130,6 +131,9 @@ generation:
 output:
   --compare               also run the autoregressive baseline on the same prompt and report the
                           speedup (and, for greedy decoding, whether the outputs are identical)
+  --repeat N              run the request (and with --compare the baseline, alternately) N
+                          times and report the run of median time of each (default 1); the
+                          text shown is the first run's
   --json                  print one JSON object instead of text and table: text, tokens, stats
   -h, --help              this text
 
@@ -305,6 +309,8 @@ inline options parse_options(std::span<char const* const> args) {
       o.stops.emplace_back(v);
     } else if (flag == "--compare") {
       o.compare = true;
+    } else if (flag == "--repeat") {
+      o.repeat = detail::parse_count(flag, value(), 1, 1000);
     } else if (flag == "--json") {
       o.json = true;
     } else {

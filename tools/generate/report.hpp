@@ -1,6 +1,7 @@
 #pragma once
 // specdec-generate's output after generation: the statistics table, and the --json object.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <optional>
@@ -26,6 +27,16 @@ struct comparison {
     return base > 0.0 ? s.tokens_per_second() / base : 0.0;
   }
 };
+
+//! The run of median total time among `runs` (not empty; of an even count, the slower of the two
+//! middle ones). Runs of one request differ only in their timings: the tokens are the same.
+inline run_output median_run(std::vector<run_output> runs) {
+  auto const mid = runs.begin() + static_cast<std::ptrdiff_t>(runs.size() / 2);
+  std::nth_element(runs.begin(), mid, runs.end(), [](run_output const& a, run_output const& b) {
+    return a.result.stats.total_seconds < b.result.stats.total_seconds;
+  });
+  return std::move(*mid);
+}
 
 //! Compares `run` with its baseline; `greedy` says whether identical outputs are required.
 inline comparison compare_runs(run_output const& run, run_output baseline, bool greedy) {
