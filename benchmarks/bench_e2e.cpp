@@ -165,10 +165,10 @@ struct fixture {
           sd::load_model(require(models / "stories260K.bin")));
       sd::tokenizer const tok =
           sd::load_tokenizer(models / "stories260K.bin", require(models / "tok512.bin"));
-      fs::path const draft =
+      fs::path const draft_file =
           fs::path(__FILE__).parent_path().parent_path() / "tools" / "draft" / "stories_draft.bin";
-      if (fs::exists(draft))
-        x.draft = std::make_shared<sd::llama_weights const>(sd::load_model(draft));
+      if (fs::exists(draft_file))
+        x.draft = std::make_shared<sd::llama_weights const>(sd::load_model(draft_file));
       std::ifstream in(require(data / "tinystories_prompts.jsonl"));
       std::string line;
       while (std::getline(in, line)) {

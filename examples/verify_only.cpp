@@ -243,9 +243,9 @@ int main() {
     std::array<std::span<sd::token_id const>, 2> const histories{history, other_history};
     std::array<sd::philox, 2> rngs{sd::philox(11, 0), sd::philox(11, 1)};
     std::array<sd::verify_result, 2> results;
-    tree_verifier.verify_batch(trees,
-                               sd::matrix_view<float const>(stacked.data(), cu_nodes[2], vocab),
-                               cu_nodes, policy, histories, rngs, results);
+    tree_verifier.verify_batch(
+        trees, sd::matrix_view<float const>(stacked.data(), stacked.size() / vocab, vocab),
+        cu_nodes, policy, histories, rngs, results);
     print_result("5. batch, sequence 0", results[0]);
     print_result("   batch, sequence 1", results[1]);
     for (std::size_t b = 0; b < 2; ++b) {

@@ -70,7 +70,7 @@ TEST_CASE("philox uniforms lie in [0, 1) and look uniform") {
     REQUIRE(u >= 0.0f);
     REQUIRE(u < 1.0f);
     sum += u;
-    ++hist[static_cast<int>(u * bins)];
+    ++hist[static_cast<std::size_t>(u * bins)];
   }
   CHECK(std::abs(sum / n - 0.5) < 0.005);
   // Chi-square with 19 degrees of freedom: the 0.999 quantile is 43.8.

@@ -28,7 +28,7 @@ namespace {
 
 // A datastore of the 14 stories, tokenised with the fixture's tokenizer (no BOS).
 std::shared_ptr<sd::rest_datastore const> stories_datastore() {
-  sd::rest_datastore_builder b(fixture::tok512().vocab_size());
+  sd::rest_datastore_builder b(static_cast<std::size_t>(fixture::tok512().vocab_size()));
   for (auto const& s : fixture::tinystories_stories()) b.add(fixture::tok512().encode(s, false));
   return std::make_shared<sd::rest_datastore const>(b.build());
 }

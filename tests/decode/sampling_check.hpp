@@ -121,12 +121,15 @@ inline void check_counts(std::map<pair_key, std::size_t> const& counts,
                          std::map<pair_key, double> const& joint, std::size_t n,
                          std::string const& what) {
   CAPTURE(what);
-  for (auto const& [key, c] : counts) {
+  for (auto const& entry : counts) {
+    pair_key const& key = entry.first;
     auto const it = joint.find(key);
-    INFO("emitted (" << key.first << ", " << key.second << ") " << c << " times");
+    INFO("emitted (" << key.first << ", " << key.second << ") " << entry.second << " times");
     CHECK((it != joint.end() && it->second > 0.0));
   }
-  auto const [stat2, cells2] = chi2(counts, joint, n);
+  auto const joint_fit = chi2(counts, joint, n);
+  double const stat2 = joint_fit.first;
+  std::size_t const cells2 = joint_fit.second;
   REQUIRE(cells2 >= 2);
   double const limit2 = chi2_threshold(static_cast<double>(cells2 - 1));
   INFO("joint of (x1, x2): chi2 = " << stat2 << " over " << cells2 << " cells, limit " << limit2);
@@ -136,7 +139,9 @@ inline void check_counts(std::map<pair_key, std::size_t> const& counts,
   std::map<sd::token_id, double> p1;
   for (auto const& [key, c] : counts) c1[key.first] += c;
   for (auto const& [key, p] : joint) p1[key.first] += p;
-  auto const [stat1, cells1] = chi2(c1, p1, n);
+  auto const marginal_fit = chi2(c1, p1, n);
+  double const stat1 = marginal_fit.first;
+  std::size_t const cells1 = marginal_fit.second;
   if (cells1 >= 2) {
     double const limit1 = chi2_threshold(static_cast<double>(cells1 - 1));
     INFO("marginal of x1: chi2 = " << stat1 << " over " << cells1 << " cells, limit " << limit1);
