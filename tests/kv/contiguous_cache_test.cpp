@@ -116,6 +116,45 @@ TEST_CASE("contiguous_cache: keep_path moves accepted entries and keeps the pref
   CHECK(key_at(c, 1, 7, 2) == 7.0f + float(1000 + 70 + 2));
 }
 
+TEST_CASE("contiguous_cache: unchanged_rows tracks the lowest row dropped or moved") {
+  sd::contiguous_cache c(1, 2, 32);
+  CHECK(c.unchanged_rows() == 0);
+  (void)c.append(20);
+  CHECK(c.unchanged_rows() == 0);  // appended rows are new until marked
+  c.mark_unchanged();
+  CHECK(c.unchanged_rows() == 20);
+  (void)c.append(5);
+  CHECK(c.unchanged_rows() == 20);
+  c.truncate(22);
+  CHECK(c.unchanged_rows() == 20);
+  c.truncate(12);
+  CHECK(c.unchanged_rows() == 12);
+  c.mark_unchanged();
+  (void)c.append(6);  // rows 12..17: a tree of 6 nodes after a prefix of 12
+  std::vector<std::int32_t> const keep{0, 1, 3, 5};
+  c.keep_path(12, keep);  // rows 12, 13 stay; 15 -> 14 and 17 -> 15 move
+  CHECK(c.size() == 16);
+  CHECK(c.unchanged_rows() == 12);  // never above the rows marked
+  c.mark_unchanged();
+  (void)c.append(4);
+  c.keep_path(16, std::vector<std::int32_t>{0, 1});  // nothing moves
+  CHECK(c.unchanged_rows() == 16);
+  c.mark_unchanged();
+  (void)c.append(4);
+  c.keep_path(10, std::vector<std::int32_t>{0, 2});  // row 12 -> 11: rows from 11 changed
+  CHECK(c.unchanged_rows() == 11);
+  c.mark_unchanged();
+  c.keep_path(8, {});
+  CHECK(c.unchanged_rows() == 8);
+  // A failed keep_path or truncate changes nothing.
+  c.mark_unchanged();
+  CHECK_THROWS_AS(c.keep_path(2, std::vector<std::int32_t>{3, 1}), sd::error);
+  CHECK_THROWS_AS(c.truncate(9), sd::error);
+  CHECK(c.unchanged_rows() == 8);
+  c.clear();
+  CHECK(c.unchanged_rows() == 0);
+}
+
 TEST_CASE("contiguous_cache: bad keep_path arguments throw and change nothing") {
   sd::contiguous_cache c(1, 2, 16);
   (void)c.append(8);

@@ -56,13 +56,21 @@ class contiguous_cache {
   [[nodiscard]] std::size_t kv_dim() const noexcept { return kv_dim_; }
 
   //! Drops every position.
-  void clear() noexcept { size_ = 0; }
+  void clear() noexcept { size_ = unchanged_ = 0; }
+
+  //! Positions [0, n) that no member function has dropped or moved since the last
+  //! `mark_unchanged()` (writes through `keys` / `values` are not tracked). A backend that keeps
+  //! data derived from the rows, such as a transposed copy, refreshes only the rows past this.
+  [[nodiscard]] std::size_t unchanged_rows() const noexcept { return unchanged_; }
+  //! Marks every stored position unchanged (`unchanged_rows()` becomes `size()`).
+  void mark_unchanged() noexcept { unchanged_ = size_; }
 
   //! Drops positions >= n. Throws `errc::out_of_range` when n > size().
   void truncate(std::size_t n) {
     SPECDEC_CHECK(n <= size_, out_of_range, "contiguous_cache::truncate: ", n,
                   " is beyond the size ", size_);
     size_ = n;
+    unchanged_ = std::min(unchanged_, n);
   }
 
   //! Keeps positions [0, n), moves position n + keep[i] to n + i, and drops the rest, so the
@@ -90,6 +98,7 @@ class contiguous_cache {
       std::size_t const src = n + static_cast<std::size_t>(keep[i]);
       std::size_t const dst = n + i;
       if (src == dst) continue;
+      unchanged_ = std::min(unchanged_, dst);
       for (std::size_t l = 0; l < n_layers_; ++l) {
         float* const k = keys(l);
         float* const v = values(l);
@@ -98,6 +107,7 @@ class contiguous_cache {
       }
     }
     size_ = n + keep.size();
+    unchanged_ = std::min(unchanged_, size_);
   }
 
   //! Reserves `count` positions after the stored ones and returns the first of them; their rows
@@ -151,6 +161,7 @@ class contiguous_cache {
   std::size_t kv_dim_ = 0;
   std::size_t capacity_ = 0;
   std::size_t size_ = 0;
+  std::size_t unchanged_ = 0;     // see unchanged_rows()
   std::size_t layer_stride_ = 0;  // floats per layer: keys then values
   std::vector<float> data_;       // [n_layers][2][capacity][kv_dim]
 };

@@ -298,6 +298,80 @@ TEST_CASE("cpu_llama: truncate then forward equals recomputing from scratch") {
   }
 }
 
+TEST_CASE("cpu_llama: random chains, trees, truncations and keep_paths equal recomputation") {
+  // The model keeps data derived from its cache rows across forwards (the transposed keys and
+  // values of 8-float heads); whatever the cache went through, each forward must equal a fresh
+  // prefill of the sequence the cache holds.
+  auto w = st::random_llama(st::tiny_config(), 61);
+  for (std::size_t const limit : pack_limits) {
+    CAPTURE(limit);
+    sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
+    sd::cpu_llama fresh(w, {.threads = 1, .pack_limit = limit});
+    std::mt19937_64 rng(17);
+    auto const pick = [&](std::size_t lo, std::size_t hi) {  // uniform in [lo, hi]
+      return lo + static_cast<std::size_t>(rng() % (hi - lo + 1));
+    };
+    std::vector<sd::token_id> seq;  // what the cache holds
+    for (int step = 0; step < 120; ++step) {
+      CAPTURE(step);
+      CAPTURE(seq.size());
+      REQUIRE(m.cache().size() == seq.size());
+      std::size_t const op = pick(0, 3);
+      if ((op == 0 && !seq.empty()) || seq.size() > 80) {  // drop a suffix
+        std::size_t const keep = pick(0, seq.size() - 1);
+        m.cache().truncate(keep);
+        seq.resize(keep);
+        continue;
+      }
+      std::size_t const past = seq.size();
+      std::size_t const nodes = pick(1, 6);
+      std::vector<sd::token_id> tokens = random_tokens(nodes, 75, rng());
+      std::vector<sd::node_index> parents(nodes, -1);
+      if (op == 3)  // a tree: any earlier node as parent
+        for (std::size_t i = 1; i < nodes; ++i)
+          parents[i] = static_cast<sd::node_index>(pick(0, i - 1));
+      else  // a chain
+        for (std::size_t i = 1; i < nodes; ++i) parents[i] = static_cast<sd::node_index>(i - 1);
+      // Drafts with equal siblings are fine here: the forward does not care.
+      std::vector<std::size_t> depth(nodes, 0);
+      std::vector<sd::position_t> positions(nodes);
+      auto const mask = st::make_mask(nodes, [&](std::size_t i, std::size_t j) {
+        for (auto a = static_cast<sd::node_index>(i); a >= 0;
+             a = parents[static_cast<std::size_t>(a)])
+          if (static_cast<std::size_t>(a) == j) return true;
+        return false;
+      });
+      for (std::size_t i = 1; i < nodes; ++i)
+        depth[i] = depth[static_cast<std::size_t>(parents[i])] + 1;
+      for (std::size_t i = 0; i < nodes; ++i)
+        positions[i] = static_cast<sd::position_t>(past + depth[i]);
+      auto const got = run(m, tokens, positions, mask);
+      // Each node against a fresh prefill of the sequence plus its path.
+      for (std::size_t i = 0; i < nodes; ++i) {
+        CAPTURE(i);
+        std::vector<sd::token_id> path;
+        for (auto a = static_cast<sd::node_index>(i); a >= 0;
+             a = parents[static_cast<std::size_t>(a)])
+          path.insert(path.begin(), tokens[static_cast<std::size_t>(a)]);
+        std::vector<sd::token_id> full = seq;
+        full.insert(full.end(), path.begin(), path.end());
+        fresh.reset();
+        auto const want = run(fresh, full, iota_positions(0, full.size()));
+        CHECK(st::row_error(got.data() + i * 75, want.data() + (full.size() - 1) * 75, 75) == 0.0);
+      }
+      // Keep the path to a random node (a chain: a prefix of it; keep nothing sometimes).
+      std::size_t const leaf = pick(0, nodes);
+      std::vector<std::int32_t> keep;
+      if (leaf < nodes)
+        for (auto a = static_cast<sd::node_index>(leaf); a >= 0;
+             a = parents[static_cast<std::size_t>(a)])
+          keep.insert(keep.begin(), static_cast<std::int32_t>(a));
+      m.cache().keep_path(past, keep);
+      for (std::int32_t k : keep) seq.push_back(tokens[static_cast<std::size_t>(k)]);
+    }
+  }
+}
+
 TEST_CASE("cpu_llama: logits_rows, hidden rows, hidden_layer and skip_layers") {
   auto w = st::random_llama(st::tiny_config(), 41);
   auto const tokens = random_tokens(10, 75, 6);

@@ -107,8 +107,9 @@ class cpu_llama {
     scores_per_thread_ = (transposed_heads() ? 1 : heads_per_task_) * lcap_;
     scores_.resize(pool_->size() * scores_per_thread_);
     if (transposed_heads()) {
-      kt_ = detail::cpu::aligned_floats(kv_dim_ * lcap_);
-      vt_ = detail::cpu::aligned_floats(kv_dim_ * lcap_);
+      kt_ = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap_);
+      vt_ = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap_);
+      transposed_rows_.assign(n_layers_, 0);
     }
     if (matrix_bytes() <= options.pack_limit) pack();
     grow(std::max<std::size_t>(1, options.batch_capacity));
@@ -167,6 +168,7 @@ class cpu_llama {
     out.logits_count = m;
     std::size_t const past = cache_.append(n);  // throws context_overflow before any change
     run(req, past, out);
+    cache_.mark_unchanged();
   }
 
  private:
@@ -389,7 +391,7 @@ class cpu_llama {
     }
     q_base_ = q_.data();
     q_ld_ = dim_;
-    attention(req, past, kc, vc);
+    attention(l, req, past, kc, vc);
 
     // Output projection, added to the residual stream.
     split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
@@ -441,7 +443,7 @@ class cpu_llama {
     }
     q_base_ = qkv_.data();
     q_ld_ = ld;
-    attention(req, past, kc, vc);
+    attention(l, req, past, kc, vc);
 
     packed_product<k::panel_op::add>(pl.wo, att_.data(), dim_, n, x_.data(), dim_);
     for (std::size_t t = 0; t < n; ++t)
@@ -453,17 +455,28 @@ class cpu_llama {
   // Attention of every batch token over the cache rows it sees; writes att_. Heads of 8 floats
   // (AVX-512): keys and values transposed once per layer, then one task per (kv head, token).
   // Otherwise one task per (token, group of heads_per_task_ heads).
-  void attention(forward_request const& req, std::size_t past, float const* kc,
+  void attention(std::size_t l, forward_request const& req, std::size_t past, float const* kc,
                  float const* vc) noexcept {
     std::size_t const n = req.tokens.size();
     std::size_t const work = n * n_heads_ * (past + visible_rows_) * head_size_ * 2;
     if (transposed_heads()) {
-      for (std::size_t g = 0; g < n_kv_heads_; ++g) {
-        detail::cpu::transpose_rows8(kc + g * 8, kv_dim_, past + visible_rows_,
-                                     kt_.data() + g * lcap_ * 8);
-        detail::cpu::transpose_rows8(vc + g * 8, kv_dim_, past + visible_rows_,
-                                     vt_.data() + g * lcap_ * 8);
+      // The layer's transposed copy is kept across forwards: refresh it from the block holding
+      // its first row that is new or changed.
+      std::size_t const from = std::min(transposed_rows_[l], cache_.unchanged_rows()) / 16 * 16;
+      std::size_t const rows = past + visible_rows_;
+      float* const kt = kt_.data() + l * kv_dim_ * lcap_;
+      float* const vt = vt_.data() + l * kv_dim_ * lcap_;
+      if (from < rows) {
+        for (std::size_t g = 0; g < n_kv_heads_; ++g) {
+          detail::cpu::transpose_rows8(kc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
+                                       kt + g * lcap_ * 8 + from * 8);
+          detail::cpu::transpose_rows8(vc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
+                                       vt + g * lcap_ * 8 + from * 8);
+        }
       }
+      transposed_rows_[l] = rows;
+      layer_kt_ = kt;
+      layer_vt_ = vt;
       pool_task_split(n_kv_heads_ * n, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
         for (std::size_t task = b; task < e; ++task)
           attend8(task / n, task % n, thread, req, past, vc);
@@ -569,12 +582,12 @@ class cpu_llama {
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
     for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
       float top =
-          k::scores8(q_base_ + t * q_ld_ + h * 8, kt_.data() + g * lcap_ * 8, end, scale, scores);
+          k::scores8(q_base_ + t * q_ld_ + h * 8, layer_kt_ + g * lcap_ * 8, end, scale, scores);
       if (compacted) {
         compact(scores, runs, n_runs);
         top = k::row_max(scores, length);
       }
-      k::softmax_values8(scores, length, top, vt_.data() + g * lcap_ * 8, from, tail,
+      k::softmax_values8(scores, length, top, layer_vt_ + g * lcap_ * 8, from, tail,
                          att_.data() + t * dim_ + h * 8);
     }
   }
@@ -675,22 +688,25 @@ class cpu_llama {
   std::vector<packed_layer> packed_;              // [n_layers] or empty (weights used in place)
   detail::cpu::packed_matrix packed_classifier_;  // [vocab, dim] when packed
   std::vector<float> rope_;                       // [max_context, head_size]: (cos, sin) per pair
-  std::vector<float> scores_;               // [threads, heads_per_task, lcap] attention scratch
-  detail::cpu::aligned_floats kt_;          // [kv_heads, lcap / 16, 8, 16] transposed keys
-  detail::cpu::aligned_floats vt_;          // [kv_heads, lcap / 16, 8, 16] transposed values
-  std::size_t tail_blocks_ = 0;             // blocks of a gathered sequence tail per kv head
-  std::vector<float> tail_;                 // [threads, tail_blocks, 128] gathered values
-  std::vector<std::size_t> tail_rows_;      // [threads, batch + 16] cache rows of a sequence tail
-  std::vector<detail::cpu::row_run> runs_;  // [threads, batch + 1] virtual sequences
-  std::vector<float> x_;                    // [batch, dim] residual stream
-  std::vector<float> xb_;                   // [batch, dim] normed input
-  std::vector<float> q_;                    // [batch, dim] queries (weights in place)
-  std::vector<float> qkv_;                  // [batch, dim + 2 kv_dim] q, k, v (packed)
-  std::vector<float> att_;                  // [batch, dim] attention output
-  std::vector<float> hb_;                   // [batch, hidden_dim] gate, then SwiGLU
-  std::vector<float> hb2_;                  // [batch, hidden_dim] up (weights in place)
-  std::vector<float> gather_;               // [batch, dim] rows that need logits
-  std::vector<std::size_t> visible_end_;    // [batch]
+  std::vector<float> scores_;       // [threads, heads_per_task, lcap] attention scratch
+  detail::cpu::aligned_floats kt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed keys
+  detail::cpu::aligned_floats vt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed values
+  std::vector<std::size_t> transposed_rows_;  // [n_layers] leading cache rows kt_/vt_ hold
+  float const* layer_kt_ = nullptr;           // the current layer's part of kt_
+  float const* layer_vt_ = nullptr;           // the current layer's part of vt_
+  std::size_t tail_blocks_ = 0;               // blocks of a gathered sequence tail per kv head
+  std::vector<float> tail_;                   // [threads, tail_blocks, 128] gathered values
+  std::vector<std::size_t> tail_rows_;        // [threads, batch + 16] cache rows of a sequence tail
+  std::vector<detail::cpu::row_run> runs_;    // [threads, batch + 1] virtual sequences
+  std::vector<float> x_;                      // [batch, dim] residual stream
+  std::vector<float> xb_;                     // [batch, dim] normed input
+  std::vector<float> q_;                      // [batch, dim] queries (weights in place)
+  std::vector<float> qkv_;                    // [batch, dim + 2 kv_dim] q, k, v (packed)
+  std::vector<float> att_;                    // [batch, dim] attention output
+  std::vector<float> hb_;                     // [batch, hidden_dim] gate, then SwiGLU
+  std::vector<float> hb2_;                    // [batch, hidden_dim] up (weights in place)
+  std::vector<float> gather_;                 // [batch, dim] rows that need logits
+  std::vector<std::size_t> visible_end_;      // [batch]
 };
 
 }  // namespace specdec
