@@ -1,12 +1,9 @@
 // Every verifier models specdec::verifier with the library's policies, declares its traits, and
 // stops allocating once warm: a second verification of the same shapes performs no allocation
-// (counted by replacing the global operator new in this test executable).
+// (counted by the replacement global operator new of tests/support/allocation_counter.hpp).
 
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
 #include "random_cases.hpp"
@@ -16,45 +13,7 @@
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "specdec/verify/typical_acceptance.hpp"
-
-namespace {
-std::atomic<std::size_t> allocations{0};
-std::atomic<bool> counting{false};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void* operator new(std::size_t size, std::nothrow_t const&) noexcept {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
-  return std::malloc(size == 0 ? 1 : size);
-}
-void* operator new[](std::size_t size) {
-  return operator new(size);
-}
-void* operator new[](std::size_t size, std::nothrow_t const& tag) noexcept {
-  return operator new(size, tag);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::nothrow_t const&) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::nothrow_t const&) noexcept {
-  std::free(p);
-}
+#include "support/allocation_counter.hpp"
 
 namespace {
 
@@ -84,19 +43,17 @@ std::size_t second_call_allocations(Verifier& v, random_case const& c, bool prob
                         std::span<float>(p).subspan(i * c.vocab, c.vocab));
   specdec::matrix_view<float const> const pv(p.data(), c.tree.size(), c.vocab);
   specdec::verify_result out;
+  std::size_t made = 0;
   for (int round = 0; round < 2; ++round) {
     specdec::philox rng(7);  // the same walk both times: the policy's own scratch is warm too
-    if (round == 1) {
-      allocations = 0;
-      counting = true;
-    }
+    std::size_t const before = test_support::allocations();
     if (probs)
       v.verify_probs(c.tree, pv, rng, out);
     else
       v.verify(c.tree, c.rows(), policy, c.history, rng, out);
-    counting = false;
+    made = test_support::allocations() - before;
   }
-  return allocations.load();
+  return made;
 }
 
 }  // namespace

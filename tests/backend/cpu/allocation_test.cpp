@@ -1,35 +1,14 @@
 // A forward does not allocate once its buffers have grown to the batch size (and the result's
-// vectors to their sizes): counted through the global operator new of this test executable.
+// vectors to their sizes): counted by the replacement global operator new of
+// tests/support/allocation_counter.hpp.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 #include <numeric>
 #include <vector>
 
 #include "backend/cpu/test_models.hpp"
 #include "specdec/backend/cpu/llama.hpp"
-
-namespace {
-std::atomic<std::size_t> allocations{0};
-}  // namespace
-
-// The replacement operator delete frees with std::free what the replacement operator new got from
-// std::malloc; GCC cannot see that they pair up.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-void* operator new(std::size_t size) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
+#include "support/allocation_counter.hpp"
 
 namespace sd = specdec;
 namespace st = specdec::test;
@@ -54,11 +33,11 @@ TEST_CASE("cpu_llama: no allocation in forward after warm-up") {
   // Warm-up: the largest batch (grows the buffers past batch_capacity) and the largest outputs.
   forward(0, 12, true, false);
   m.reset();
-  std::size_t const before = allocations.load();
+  std::size_t const before = test_support::allocations();
   forward(0, 12, true, true);  // prefill with one logits row
   m.cache().truncate(5);
   for (std::size_t i = 5; i < 12; ++i) forward(i, 1, false, false);  // decode steps
   m.cache().truncate(6);
   forward(6, 6, true, false);  // a verification batch
-  CHECK(allocations.load() == before);
+  CHECK(test_support::allocations() == before);
 }
