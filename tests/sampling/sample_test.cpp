@@ -46,7 +46,7 @@ TEST_CASE("sample_from returns the first index whose cumulative mass exceeds u *
 TEST_CASE("sample_from agrees with the sequential double reference across blocks") {
   std::mt19937_64 gen(11);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-  for (std::size_t n : {1u, 7u, 1023u, 1024u, 1025u, 5000u, 40000u}) {
+  for (std::size_t n : {1u, 7u, 63u, 64u, 65u, 200u, 512u, 1023u, 1024u, 1025u, 5000u, 40000u}) {
     std::vector<float> p(n);
     for (float& v : p) v = uni(gen) < 0.3f ? 0.0f : uni(gen);
     p[n / 2] = 1.0f;
@@ -60,6 +60,20 @@ TEST_CASE("sample_from agrees with the sequential double reference across blocks
       CHECK(p[static_cast<std::size_t>(a)] > 0.0f);
     }
   }
+}
+
+TEST_CASE("sample_from skips zero groups and lands in the crossing group") {
+  // 512 entries: mass only at 70, 200 and 511 (the last entry of the last group).
+  std::vector<float> p(512, 0.0f);
+  p[70] = 0.25f;
+  p[200] = 0.25f;
+  p[511] = 0.5f;
+  CHECK(sd::sample_from(p, 0.0f) == 70);
+  CHECK(sd::sample_from(p, 0.2499f) == 70);
+  CHECK(sd::sample_from(p, 0.25f) == 200);
+  CHECK(sd::sample_from(p, 0.4999f) == 200);
+  CHECK(sd::sample_from(p, 0.5f) == 511);
+  CHECK(sd::sample_from(p, 0.99999994f) == 511);
 }
 
 TEST_CASE("sample_from rejects bad uniforms and bad rows") {

@@ -29,7 +29,9 @@
 namespace specdec::detail {
 
 //! Floats per vector register used by the kernels.
-#if defined(__AVX__)
+#if defined(__AVX512F__)
+inline constexpr std::size_t simd_width = 16;
+#elif defined(__AVX__)
 inline constexpr std::size_t simd_width = 8;
 #else
 inline constexpr std::size_t simd_width = 4;
@@ -242,44 +244,55 @@ inline void scale_at_least(float const* x, float* out, std::size_t n, float floo
 
 //! A vector of `simd_width / 2` floats, converted to `vdouble_half`.
 using vfloat_half = float __attribute__((vector_size(simd_width * sizeof(float) / 2)));
-//! Integer mask of a `vfloat_half` comparison.
-using vint_half = std::int32_t __attribute__((vector_size(simd_width * sizeof(float) / 2)));
 
 //! Sum of x[0..n) in double (every addition in double), over `row_lanes` logical lanes combined
-//! in a fixed order; `bad` is set when an entry is negative or NaN.
+//! by a fixed pairwise tree, then the entries past the last whole step in order; `bad` is set
+//! when an entry is negative or NaN.
 [[nodiscard]] inline double sum_double(float const* x, std::size_t n, bool& bad) noexcept {
   constexpr std::size_t H = simd_width / 2;
   constexpr std::size_t V = row_lanes / H;
+  constexpr std::size_t group = 4 * row_lanes;  // entries per test for an all-zero stretch
   vdouble_half acc[V];
-  vint_half neg = vint_half{};
   for (std::size_t v = 0; v < V; ++v) acc[v] = vdouble_half{};
-  std::size_t const full = n - n % row_lanes;
+  vint negative = vint{};
   vfloat const vzero = splat(0.0f);
-  for (std::size_t i = 0; i < full; i += row_lanes) {
-    // Groups of zeros (most of a truncated row) are skipped after one vectorised test.
-    vint nonzero = vint{}, negative = vint{};
-    for (std::size_t v = 0; v < row_vectors; ++v) {
+  auto const add_lanes = [&](std::size_t at) {
+    for (std::size_t v = 0; v < V; ++v) {
+      vfloat_half a;
+      __builtin_memcpy(&a, x + at + v * H, sizeof a);
+      acc[v] += __builtin_convertvector(a, vdouble_half);
+    }
+  };
+  std::size_t const full = n - n % row_lanes;
+  std::size_t i = 0;
+  // Stretches of zeros (most of a truncated row) are skipped after one vectorised test; adding
+  // them would leave every lane unchanged, so the sum does not depend on the stretch length.
+  for (; i + group <= full; i += group) {
+    vint nonzero = vint{};
+    for (std::size_t v = 0; v < group / simd_width; ++v) {
       vfloat const a = load(x + i + v * simd_width);
       nonzero |= a != vzero;
       negative |= ~(a >= vzero);
     }
-    if (any(negative)) neg |= vint_half{} - 1;
     if (!any(nonzero)) continue;
-    for (std::size_t v = 0; v < V; ++v) {
-      vfloat_half a;
-      __builtin_memcpy(&a, x + i + v * H, sizeof a);
-      acc[v] += __builtin_convertvector(a, vdouble_half);
-    }
+    for (std::size_t k = 0; k < group; k += row_lanes) add_lanes(i + k);
   }
-  double total = 0.0;
-  std::int32_t b = 0;
-  for (std::size_t v = 0; v < V; ++v)
-    for (std::size_t j = 0; j < H; ++j) total += acc[v][j];
-  for (std::size_t j = 0; j < H; ++j) b |= neg[j];
-  bool any_bad = b != 0;
-  for (std::size_t i = full; i < n; ++i) {
-    total += static_cast<double>(x[i]);
-    any_bad = any_bad || !(x[i] >= 0.0f);
+  for (; i < full; i += row_lanes) {
+    for (std::size_t v = 0; v < row_vectors; ++v)
+      negative |= ~(load(x + i + v * simd_width) >= vzero);
+    add_lanes(i);
+  }
+  // The 16 lane sums, in logical lane order, combined by a fixed pairwise tree (lane l with lane
+  // l + 8, then l + 4, l + 2, l + 1): the same order whatever the vector width.
+  double lanes[row_lanes];
+  __builtin_memcpy(lanes, acc, sizeof lanes);
+  for (std::size_t h = row_lanes / 2; h >= 1; h /= 2)
+    for (std::size_t l = 0; l < h; ++l) lanes[l] += lanes[l + h];
+  double total = lanes[0];
+  bool any_bad = any(negative);
+  for (std::size_t k = full; k < n; ++k) {
+    total += static_cast<double>(x[k]);
+    any_bad = any_bad || !(x[k] >= 0.0f);
   }
   bad = any_bad;
   return total;
@@ -432,6 +445,18 @@ inline void threshold_stats(float const* x, std::size_t n, float const (&th)[K],
     }
   }
   return a;
+}
+
+//! The first index i in [0, n) with x[i] == value, or n if there is none. Vectorised: whole
+//! vectors are compared at once until one holds a match.
+[[nodiscard]] inline std::size_t first_equal(float const* x, std::size_t n, float value) noexcept {
+  vfloat const v = splat(value);
+  std::size_t i = 0;
+  for (; i + simd_width <= n; i += simd_width)
+    if (any(load(x + i) == v)) break;
+  for (; i < n; ++i)
+    if (x[i] == value) return i;
+  return n;
 }
 
 //! True when [a, a + an) and [b, b + bn) share memory but do not start at the same address.

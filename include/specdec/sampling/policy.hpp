@@ -264,7 +264,7 @@ class sampler {
     }
     detail::row_summary const s =
         detail::summarize_row(row, "sampler::greedy_token (after logit bias and penalties)");
-    return static_cast<token_id>(std::find(row.begin(), row.end(), s.max) - row.begin());
+    return static_cast<token_id>(detail::first_equal(row.data(), vocab, s.max));
   }
 
   //! The parameters this sampler was built with.
@@ -380,7 +380,7 @@ class greedy {
     SPECDEC_CHECK(!logits.empty(), invalid_argument, "greedy::greedy_token: empty logits row");
     detail::check_history(history, logits.size(), "greedy::greedy_token");
     detail::row_summary const s = detail::summarize_row(logits, "greedy::greedy_token");
-    return static_cast<token_id>(std::find(logits.begin(), logits.end(), s.max) - logits.begin());
+    return static_cast<token_id>(detail::first_equal(logits.data(), logits.size(), s.max));
   }
 
   //! Parameters equivalent to this policy: temperature 0, nothing else.

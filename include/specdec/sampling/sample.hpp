@@ -17,10 +17,12 @@ namespace specdec {
 
 namespace detail {
 
-//! Entries per block of the two-level inverse-CDF scan in `sample_from`.
-inline constexpr std::size_t sample_block = 1024;
-//! Block sums `sample_from` keeps on the stack: rows up to 512 * 1024 entries take one pass.
-inline constexpr std::size_t sample_stack_blocks = 512;
+//! Entries per block of the two-level inverse-CDF scan in `sample_from` (small, so that the
+//! entry-by-entry scan of the block that crosses is short).
+inline constexpr std::size_t sample_block = 4 * row_lanes;
+//! Block sums `sample_from` keeps on the stack (16 KiB): rows up to 2048 * 64 = 131072 entries
+//! take one pass.
+inline constexpr std::size_t sample_stack_blocks = 2048;
 
 //! Scans block [start, start + len) of p, whose cumulative mass before it is `running`, for the
 //! first entry whose cumulative mass exceeds `target`; the block's own sum is known to cross it.
@@ -47,13 +49,13 @@ inline constexpr std::size_t sample_stack_blocks = 512;
 //! Sums are accumulated in double: the row is cut into blocks of `detail::sample_block` entries,
 //! each summed in double over `detail::row_lanes` lanes combined in a fixed order; the total is
 //! the sum of the block sums in order, and the block where the running sum crosses u * total is
-//! scanned entry by entry. The result therefore equals the sequential definition except where
-//! u * sum lies within double rounding of a cumulative sum. Zero entries are skipped: the
+//! scanned entry by entry. The result therefore equals the sequential definition except
+//! where u * sum lies within double rounding of a cumulative sum. Zero entries are skipped: the
 //! returned index always has a positive probability.
 //!
 //! Throws `errc::invalid_argument` when u is outside [0, 1) and `errc::numerical` when an entry
 //! is negative or NaN, or the row has no positive mass (an empty row included). One pass plus
-//! one block for rows up to 2^19 entries (two passes beyond); no allocation.
+//! one block for rows up to 2^17 entries (two passes beyond); no allocation.
 [[nodiscard]] inline token_id sample_from(std::span<float const> probs, float u) {
   SPECDEC_CHECK(u >= 0.0f && u < 1.0f, invalid_argument, "sample_from: uniform ", u,
                 " is outside [0, 1)");
