@@ -4,9 +4,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -555,4 +557,35 @@ TEST_CASE("every top-k / top-p selection path agrees with the reference") {
   }
   MESSAGE(rows, " rows compared; ", same_support, " with identical support");
   CHECK(same_support * 100 >= rows * 97);
+}
+
+TEST_CASE("the threshold sample's radix sort orders like std::sort, descending") {
+  std::mt19937_64 gen(5);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::uniform_int_distribution<int> special(0, 19);
+  specdec::detail::select_scratch s;
+  s.reserve(1);
+  for (std::size_t n : {0u, 1u, 2u, 17u, 512u, 2048u}) {
+    CAPTURE(n);
+    for (int round = 0; round < 5; ++round) {
+      std::vector<float> v(n);
+      for (float& x : v) {
+        int const k = special(gen);
+        x = k == 0   ? 0.0f
+            : k == 1 ? -0.0f
+            : k == 2 ? std::numeric_limits<float>::infinity()
+            : k == 3 ? -std::numeric_limits<float>::infinity()
+            : k == 4 ? std::numeric_limits<float>::denorm_min()
+            : k < 10 ? std::abs(normal(gen))
+                     : normal(gen);
+      }
+      std::copy(v.begin(), v.end(), s.sample.begin());
+      s.sort_sample(n);
+      std::sort(v.begin(), v.end(), std::greater<float>());
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        CHECK(s.sample[i] == v[i]);  // equal values (+0 and -0 alike)
+      }
+    }
+  }
 }

@@ -26,6 +26,10 @@
 #error "specdec/sampling needs the GCC / Clang vector extensions (g++ 12+ or clang++ 14+)"
 #endif
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace specdec::detail {
 
 //! Floats per vector register used by the kernels.
@@ -357,9 +361,29 @@ inline void threshold_stats(float const* x, std::size_t n, float const (&th)[K],
                                               float* vals, std::int32_t* ids,
                                               std::size_t capacity) noexcept {
   std::size_t found = 0;
-  vfloat const vlo = splat(lo), vhi = splat(hi);
   std::size_t const full = n - n % row_lanes;
-  for (std::size_t i = 0; i < full; i += row_lanes) {
+  std::size_t i0 = 0;
+#if defined(__AVX512F__)
+  // Compressing stores write the hits of 16 entries at once, in index order; near the capacity
+  // the generic loop below takes over.
+  {
+    __m512 const zlo = _mm512_set1_ps(lo), zhi = _mm512_set1_ps(hi);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i const step = _mm512_set1_epi32(16);
+    static_assert(row_lanes == 16);
+    for (; i0 < full && found + 16 <= capacity; i0 += 16) {
+      __m512 const a = _mm512_loadu_ps(x + i0);
+      __mmask16 const m =
+          _mm512_cmp_ps_mask(a, zlo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(a, zhi, _CMP_LT_OQ);
+      _mm512_mask_compressstoreu_ps(vals + found, m, a);
+      _mm512_mask_compressstoreu_epi32(ids + found, m, idx);
+      found += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
+      idx = _mm512_add_epi32(idx, step);
+    }
+  }
+#endif
+  vfloat const vlo = splat(lo), vhi = splat(hi);
+  for (std::size_t i = i0; i < full; i += row_lanes) {
     vint in[row_vectors];
     vint hit = vint{};
     for (std::size_t v = 0; v < row_vectors; ++v) {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "specdec/sampling/kernels.hpp"
@@ -66,6 +67,7 @@ struct select_scratch {
   std::vector<std::int32_t> ids;
   std::vector<scored> list;
   std::vector<float> sample;
+  std::vector<std::uint32_t> sample_keys;  //!< `sort_sample` scratch, two halves
 
   void reserve(std::size_t n) {
     if (values.size() < n) {
@@ -73,8 +75,39 @@ struct select_scratch {
       ids.resize(n);
       list.resize(n);
     }
-    if (sample.size() < select_sample_mass) sample.resize(select_sample_mass);
+    if (sample.size() < select_sample_mass) {
+      sample.resize(select_sample_mass);
+      sample_keys.resize(2 * select_sample_mass);
+    }
   }
+
+  //! Sorts sample[0, n) (n <= select_sample_mass, no NaN) in descending order: an LSD radix
+  //! sort of order-preserving 32-bit keys (4 passes of 8 bits). The sample is a strided read of
+  //! a row, so its order is random and a comparison sort would mispredict most branches.
+  void sort_sample(std::size_t n) noexcept {
+    std::uint32_t* a = sample_keys.data();
+    std::uint32_t* b = a + select_sample_mass;
+    // Keys ascending in value (negative floats: every bit flipped; others: the sign bit set),
+    // then complemented so that an ascending sort gives descending values.
+    for (std::size_t i = 0; i < n; ++i) {
+      auto const bits = std::bit_cast<std::uint32_t>(sample[i]);
+      std::uint32_t const up = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+      a[i] = ~up;
+    }
+    for (unsigned shift = 0; shift < 32; shift += 8) {
+      std::uint32_t count[257] = {};
+      for (std::size_t i = 0; i < n; ++i) ++count[((a[i] >> shift) & 0xFFu) + 1];
+      for (std::size_t d = 1; d < 257; ++d) count[d] += count[d - 1];
+      for (std::size_t i = 0; i < n; ++i) b[count[(a[i] >> shift) & 0xFFu]++] = a[i];
+      std::swap(a, b);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t const up = ~a[i];
+      std::uint32_t const bits = (up & 0x80000000u) != 0 ? up ^ 0x80000000u : ~up;
+      sample[i] = std::bit_cast<float>(bits);
+    }
+  }
+
   //! Gathers lo <= x[i] < hi (at most `cap`, the caller knows there are no more) into `list`.
   std::size_t gather(float const* x, std::size_t n, float lo, float hi, std::size_t cap) {
     reserve(cap);
@@ -332,8 +365,7 @@ struct top_k_result {
     float const v = z[j * n / select_sample];
     if (v > -inf) s.sample[ns++] = v;
   }
-  std::sort(s.sample.begin(), s.sample.begin() + static_cast<std::ptrdiff_t>(ns),
-            std::greater<float>());
+  s.sort_sample(ns);
   constexpr std::size_t K = select_thresholds;
   float th[K];
   std::size_t m = 0;
@@ -504,8 +536,7 @@ inline void finish_top_p(float const* e, std::size_t n, double target, bracket& 
   }
   double const unexplained = total - static_cast<double>(n) / static_cast<double>(ns) * sampled;
   if (unexplained < 0.5 * total) {
-    std::sort(s.sample.begin(), s.sample.begin() + static_cast<std::ptrdiff_t>(ns),
-              std::greater<float>());
+    s.sort_sample(ns);
     // Ratio estimate: the mass above a value is total times the sampled share above it.
     double const sample_target = p * sampled;
     double c = 0.0;
