@@ -323,6 +323,22 @@ void run_fixture(benchmark::State& state, std::string const& name, timed_cpu& ta
   fixture_rows.push_back({name, spec, base});
 }
 
+//! `run_fixture` for a proposer of deterministic tree candidates: verified by the greedy verifier
+//! under greedy decoding, by the tree verifier under sampling; drafts of at most `nodes` nodes.
+template <class Proposer>
+void run_tree_fixture(benchmark::State& state, std::string const& name, timed_cpu& target,
+                      Proposer& proposer, std::size_t nodes, bool greedy) {
+  if (greedy) {
+    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
+                                    fixture_config(nodes));
+    run_fixture(state, name, target, decoder, nullptr, true);
+  } else {
+    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
+                                    fixture_config(nodes));
+    run_fixture(state, name, target, decoder, nullptr, false);
+  }
+}
+
 sd::cpu_llama_options one_thread() {
   return {.threads = 1};
 }
@@ -371,15 +387,7 @@ void bench_prompt_lookup(benchmark::State& state, std::size_t branches, bool gre
   std::string const name = std::string("prompt lookup ") +
                            (branches > 1 ? "tree x" + std::to_string(branches) : "chain") +
                            " k=4, " + (greedy ? "greedy" : "temp 1");
-  if (greedy) {
-    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
-                                    fixture_config(fixture_k * branches));
-    run_fixture(state, name, target, decoder, nullptr, true);
-  } else {
-    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
-                                    fixture_config(fixture_k * branches));
-    run_fixture(state, name, target, decoder, nullptr, false);
-  }
+  run_tree_fixture(state, name, target, proposer, fixture_k * branches, greedy);
 }
 
 //! The fixture's REST datastores: 0 = 200 stories of 256 tokens sampled from the fixture itself
@@ -454,15 +462,7 @@ void bench_rest(benchmark::State& state, int source, bool greedy) {
                            " (" + std::to_string(ds->size() / 1000) + "k), " +
                            (greedy ? "greedy" : "temp 1");
   std::size_t const nodes = proposer.config().max_nodes;
-  if (greedy) {
-    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
-                                    fixture_config(nodes));
-    run_fixture(state, name, target, decoder, nullptr, true);
-  } else {
-    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
-                                    fixture_config(nodes));
-    run_fixture(state, name, target, decoder, nullptr, false);
-  }
+  run_tree_fixture(state, name, target, proposer, nodes, greedy);
 }
 
 void bench_lookahead(benchmark::State& state, bool greedy) {
@@ -472,15 +472,7 @@ void bench_lookahead(benchmark::State& state, bool greedy) {
   sd::lookahead_proposer proposer(config);
   std::string const name = std::string("lookahead W5 N4 G5, ") + (greedy ? "greedy" : "temp 1");
   std::size_t const nodes = config.guesses * (config.ngram - 1);
-  if (greedy) {
-    sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
-                                    fixture_config(nodes));
-    run_fixture(state, name, target, decoder, nullptr, true);
-  } else {
-    sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
-                                    fixture_config(nodes));
-    run_fixture(state, name, target, decoder, nullptr, false);
-  }
+  run_tree_fixture(state, name, target, proposer, nodes, greedy);
 }
 
 void bench_jacobi(benchmark::State& state) {

@@ -26,4 +26,17 @@ struct propose_context {
   philox* rng = nullptr;
 };
 
+namespace detail {
+
+//! Whether `tokens` extends `history`, a proposer's own copy of the sequence: at least as long and
+//! equal at the history's last token (the cheap check by which a proposer notices a new or edited
+//! sequence and rebuilds its state from it).
+[[nodiscard]] inline bool extends_history(std::span<token_id const> history,
+                                          std::span<token_id const> tokens) noexcept {
+  std::size_t const have = history.size();
+  return tokens.size() >= have && (have == 0 || tokens[have - 1] == history[have - 1]);
+}
+
+}  // namespace detail
+
 }  // namespace specdec

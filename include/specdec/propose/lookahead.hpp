@@ -345,10 +345,7 @@ class lookahead_proposer {
   //! Brings the history up to `tokens` (rebuilding when it is not an extension) and pools the
   //! n-grams that end in new tokens.
   void sync(std::span<token_id const> tokens) {
-    std::size_t const have = history_.size();
-    bool const extends =
-        tokens.size() >= have && (have == 0 || tokens[have - 1] == history_[have - 1]);
-    if (!extends) {
+    if (!detail::extends_history(history_, tokens)) {
       history_.clear();
       pooled_ = 0;
     }

@@ -262,10 +262,7 @@ class basic_prompt_lookup_proposer {
   //! Brings the history and the indexes up to `tokens`; rebuilds when `tokens` does not extend
   //! the history (a caller that did not call `begin`, or edited its sequence).
   void sync(std::span<token_id const> tokens) {
-    std::size_t const have = history_.size();
-    bool const extends =
-        tokens.size() >= have && (have == 0 || tokens[have - 1] == history_[have - 1]);
-    if (!extends) {
+    if (!detail::extends_history(history_, tokens)) {
       history_.clear();
       for (auto& index : index_) index.clear(tokens.size() + 4096);
     }

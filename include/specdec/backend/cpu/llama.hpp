@@ -453,7 +453,8 @@ class cpu_llama {
   }
 
   // Attention of every batch token over the cache rows it sees; writes att_. Heads of 8 floats
-  // (AVX-512): keys and values transposed once per layer, then one task per (kv head, token).
+  // (AVX-512): keys and values kept transposed per layer (refreshed from the first changed row),
+  // then one task per (kv head, token).
   // Otherwise one task per (token, group of heads_per_task_ heads).
   void attention(std::size_t l, forward_request const& req, std::size_t past, float const* kc,
                  float const* vc) noexcept {
@@ -475,11 +476,9 @@ class cpu_llama {
         }
       }
       transposed_rows_[l] = rows;
-      layer_kt_ = kt;
-      layer_vt_ = vt;
       pool_task_split(n_kv_heads_ * n, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
         for (std::size_t task = b; task < e; ++task)
-          attend8(task / n, task % n, thread, req, past, vc);
+          attend8(task / n, task % n, thread, req, past, vc, kt, vt);
       });
       return;
     }
@@ -547,10 +546,11 @@ class cpu_llama {
   }
 
   // Attention of batch token t for the query heads of kv head g (heads of 8 floats, keys and
-  // values transposed): scores from kt_, then softmax and values in one pass over vt_ (and, for a
-  // sequence that leaves the cache order, its tail gathered and transposed here).
+  // values transposed): scores from the layer's transposed keys `kt`, then softmax and values in
+  // one pass over its transposed values `vt` (and, for a sequence that leaves the cache order, its
+  // tail gathered from the cache values `vc` and transposed here).
   void attend8(std::size_t g, std::size_t t, std::size_t thread, forward_request const& req,
-               std::size_t past, float const* vc) noexcept {
+               std::size_t past, float const* vc, float const* kt, float const* vt) noexcept {
     namespace k = detail::cpu;
     std::size_t const per_kv = n_heads_ / n_kv_heads_;
     float* const scores = scores_.data() + thread * scores_per_thread_;
@@ -581,13 +581,12 @@ class cpu_llama {
     std::size_t const end = past + visible_end_[t];
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
     for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
-      float top =
-          k::scores8(q_base_ + t * q_ld_ + h * 8, layer_kt_ + g * lcap_ * 8, end, scale, scores);
+      float top = k::scores8(q_base_ + t * q_ld_ + h * 8, kt + g * lcap_ * 8, end, scale, scores);
       if (compacted) {
         compact(scores, runs, n_runs);
         top = k::row_max(scores, length);
       }
-      k::softmax_values8(scores, length, top, layer_vt_ + g * lcap_ * 8, from, tail,
+      k::softmax_values8(scores, length, top, vt + g * lcap_ * 8, from, tail,
                          att_.data() + t * dim_ + h * 8);
     }
   }
@@ -692,8 +691,6 @@ class cpu_llama {
   detail::cpu::aligned_floats kt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed keys
   detail::cpu::aligned_floats vt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed values
   std::vector<std::size_t> transposed_rows_;  // [n_layers] leading cache rows kt_/vt_ hold
-  float const* layer_kt_ = nullptr;           // the current layer's part of kt_
-  float const* layer_vt_ = nullptr;           // the current layer's part of vt_
   std::size_t tail_blocks_ = 0;               // blocks of a gathered sequence tail per kv head
   std::vector<float> tail_;                   // [threads, tail_blocks, 128] gathered values
   std::vector<std::size_t> tail_rows_;        // [threads, batch + 16] cache rows of a sequence tail
