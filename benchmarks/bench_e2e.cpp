@@ -52,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "jsonl.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
@@ -169,19 +170,9 @@ struct fixture {
           fs::path(__FILE__).parent_path().parent_path() / "tools" / "draft" / "stories_draft.bin";
       if (fs::exists(draft_file))
         x.draft = std::make_shared<sd::llama_weights const>(sd::load_model(draft_file));
-      std::ifstream in(require(data / "tinystories_prompts.jsonl"));
-      std::string line;
-      while (std::getline(in, line)) {
-        // The "prompt" field; the prompts hold no escapes other than \" and \\ (checked below).
-        std::size_t const key = line.find("\"prompt\": \"");
-        if (key == std::string::npos) continue;
-        std::string text;
-        for (std::size_t i = key + 11; i < line.size() && line[i] != '"'; ++i) {
-          if (line[i] == '\\' && i + 1 < line.size()) ++i;
-          text += line[i];
-        }
+      for (std::string const& text :
+           bench::jsonl_strings(require(data / "tinystories_prompts.jsonl"), "prompt"))
         x.prompts.push_back(tok.encode(text, true));
-      }
       if (x.prompts.size() != 14) {
         std::fprintf(stderr, "bench_e2e: expected 14 prompts, read %zu\n", x.prompts.size());
         std::exit(1);
@@ -414,40 +405,10 @@ std::shared_ptr<sd::rest_datastore const> rest_datastore(int source) {
   } else {
     fs::path const models = shared_dir("SPECDEC_MODEL_DIR", "models");
     sd::tokenizer const tok = sd::load_tokenizer(models / "stories260K.bin", models / "tok512.bin");
-    std::ifstream in(require(shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl"));
-    std::string line;
-    while (std::getline(in, line)) {
-      std::size_t const key = line.find("\"story\": \"");
-      if (key == std::string::npos) continue;
-      std::string text;
-      for (std::size_t i = key + 10; i < line.size() && line[i] != '"'; ++i) {
-        if (line[i] == '\\' && i + 1 < line.size()) {
-          char const e = line[++i];
-          if (e == 'n') {
-            text += '\n';
-          } else if (e == 'u' && i + 4 < line.size()) {  // a 4-hex-digit escape: UTF-8
-            unsigned const cp =
-                static_cast<unsigned>(std::stoul(line.substr(i + 1, 4), nullptr, 16));
-            i += 4;
-            if (cp < 0x80) {
-              text += static_cast<char>(cp);
-            } else if (cp < 0x800) {
-              text += static_cast<char>(0xC0 | (cp >> 6));
-              text += static_cast<char>(0x80 | (cp & 0x3F));
-            } else {
-              text += static_cast<char>(0xE0 | (cp >> 12));
-              text += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-              text += static_cast<char>(0x80 | (cp & 0x3F));
-            }
-          } else {
-            text += e;
-          }
-          continue;
-        }
-        text += line[i];
-      }
+    for (std::string const& text : bench::jsonl_strings(
+             require(shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl"),
+             "story"))
       b.add(tok.encode(text, false));
-    }
   }
   cache[source] = std::make_shared<sd::rest_datastore const>(b.build());
   return cache[source];

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "jsonl.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
@@ -210,14 +211,9 @@ decode_figures run_decode(std::size_t n) {
   fs::path const models = shared_dir("SPECDEC_MODEL_DIR", "models");
   sd::tokenizer const tok = sd::load_tokenizer(models / "stories260K.bin", models / "tok512.bin");
   std::vector<std::vector<sd::token_id>> prompts;
-  std::ifstream in(shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::size_t const k = line.find("\"prompt\": \"");
-    if (k == std::string::npos) continue;
-    std::size_t const b = k + 11, e = line.find('"', b);
-    prompts.push_back(tok.encode(line.substr(b, e - b), true));
-  }
+  for (std::string const& text : bench::jsonl_strings(
+           shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl", "prompt"))
+    prompts.push_back(tok.encode(text, true));
   if (prompts.empty())
     throw std::runtime_error("bench_rest: no prompts in tinystories_prompts.jsonl");
   sd::cpu_llama target(fixture_weights(), {.threads = 1});
