@@ -29,7 +29,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -157,56 +156,11 @@ std::size_t first_difference(std::vector<token_id> const& a, std::vector<token_i
   return i;
 }
 
-// The "story" strings of tinystories_prompts.jsonl (JSON string escapes \" \\ \n \t \uXXXX
-// decoded), as tests/decode/rest_decode_test.cpp reads them.
-std::vector<std::string> tinystories_stories() {
-  std::ifstream in(fixture::require_file("SPECDEC_DATA_DIR", "tinystories_prompts.jsonl"));
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::size_t const key = line.find("\"story\"");
-    if (key == std::string::npos) continue;
-    std::size_t i = line.find('"', line.find(':', key) + 1) + 1;
-    std::string s;
-    while (i < line.size() && line[i] != '"') {
-      char c = line[i++];
-      if (c == '\\' && i < line.size()) {
-        char const e = line[i++];
-        if (e == 'n') {
-          c = '\n';
-        } else if (e == 't') {
-          c = '\t';
-        } else if (e == 'u' && i + 4 <= line.size()) {
-          unsigned const cp = static_cast<unsigned>(std::stoul(line.substr(i, 4), nullptr, 16));
-          i += 4;
-          if (cp < 0x80) {
-            s += static_cast<char>(cp);
-          } else if (cp < 0x800) {
-            s += static_cast<char>(0xC0 | (cp >> 6));
-            s += static_cast<char>(0x80 | (cp & 0x3F));
-          } else {
-            s += static_cast<char>(0xE0 | (cp >> 12));
-            s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            s += static_cast<char>(0x80 | (cp & 0x3F));
-          }
-          continue;
-        } else {
-          c = e;
-        }
-      }
-      s += c;
-    }
-    out.push_back(s);
-  }
-  REQUIRE(out.size() == 14);
-  return out;
-}
-
 // A small REST datastore: the 14 TinyStories stories, tokenised with the fixture's tokenizer (no
 // BOS), one document each.
 std::shared_ptr<sd::rest_datastore const> stories_datastore() {
   sd::rest_datastore_builder b(fixture::tok512().vocab_size());
-  for (auto const& s : tinystories_stories()) b.add(fixture::tok512().encode(s, false));
+  for (auto const& s : fixture::tinystories_stories()) b.add(fixture::tok512().encode(s, false));
   REQUIRE(b.num_documents() == 14);
   return std::make_shared<sd::rest_datastore const>(b.build());
 }

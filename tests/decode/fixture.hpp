@@ -55,7 +55,7 @@ inline specdec::tokenizer const& tok512() {
 // The draft model trained for the fixture, tools/draft/stories_draft.bin in the source tree;
 // fails the test when it is missing.
 inline std::filesystem::path draft_model_path() {
-  std::filesystem::path const here(__FILE__);
+  std::filesystem::path const here = std::filesystem::path(__FILE__).lexically_normal();
   std::filesystem::path const path =
       here.parent_path().parent_path().parent_path() / "tools" / "draft" / "stories_draft.bin";
   if (!std::filesystem::exists(path)) FAIL("missing the trained draft model " << path.string());

@@ -19,6 +19,9 @@
 //! Sampling a token from a row is the walk over a root-only tree (one word, offset + 0).
 
 #include <cuda_runtime.h>
+#if defined(__CUDACC__)
+#include <cuda_pipeline.h>
+#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -166,8 +169,14 @@ struct walk_params {
   std::int32_t* accepted_nodes = nullptr;  //!< [rows] out: at begin(b), local node indices
   token_id* out_tokens = nullptr;       //!< [rows] out: at begin(b), accepted tokens then the bonus
   std::int32_t* error_flags = nullptr;  //!< [batch] out (or null): `device_error` bits, OR-ed
-  chunk_plan plan;                      //!< the split used by `launch_row_stats` (logits mode)
-  draw_scratch scratch;                 //!< workspace (statistics from `launch_row_stats`)
+  chunk_plan plan;                      //!< the split of the final draw over blocks
+  chunk_plan stats_plan;  //!< logits mode: the split `launch_row_stats` used (count 0: `plan`)
+  draw_scratch scratch;   //!< workspace (statistics from `launch_row_stats`)
+
+  //! Chunks per row of the row statistics.
+  [[nodiscard]] __host__ __device__ std::int32_t stats_chunks() const noexcept {
+    return stats_plan.count > 0 ? stats_plan.count : plan.count;
+  }
 };
 
 namespace detail {
@@ -217,8 +226,14 @@ struct dist_row {
   float inv_total = 1.0f;       //!< implicit: float(1 / sum of exp)
   bool explicit_probs = false;  //!< whether z holds probabilities
 
+  //! The stored entry i (a logit or a probability).
+  __device__ __forceinline__ float load(std::int32_t i) const noexcept { return z[i]; }
+  //! The probability of a stored entry.
+  __device__ __forceinline__ float from(float raw) const noexcept {
+    return explicit_probs ? raw : __fmul_rn(exp_shifted1(raw, max, inv_t), inv_total);
+  }
   __device__ __forceinline__ float operator()(std::int32_t i) const noexcept {
-    return explicit_probs ? z[i] : __fmul_rn(exp_shifted1(z[i], max, inv_t), inv_total);
+    return from(load(i));
   }
 };
 
@@ -245,6 +260,20 @@ __device__ __forceinline__ bool in_sorted(token_id const* rej, std::int32_t n,
   return lo < n && rej[lo] == t;
 }
 
+//! Starts asynchronous copies of z[lo, hi) into stage[0, hi - lo) (one per entry, all in flight
+//! together); `stage_wait` completes them for the whole block.
+__device__ __forceinline__ void stage_async(float* stage, float const* z, std::int32_t lo,
+                                            std::int32_t hi) noexcept {
+  for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < hi - lo;
+       i += static_cast<std::int32_t>(blockDim.x))
+    __pipeline_memcpy_async(stage + i, z + lo + i, sizeof(float));
+  __pipeline_commit();
+}
+__device__ __forceinline__ void stage_wait() noexcept {
+  __pipeline_wait_prior(0);
+  __syncthreads();
+}
+
 //! Chunk maxima: blockIdx.x = row * chunks + chunk. +inf marks a chunk holding NaN or +inf.
 template <int Unused = 0>
 __global__ void __launch_bounds__(256) row_max_kernel(row_stats_params p) {
@@ -257,14 +286,18 @@ __global__ void __launch_bounds__(256) row_max_kernel(row_stats_params p) {
   std::int32_t const hi = min(p.vocab, lo + p.plan.size);
   float const* z = p.rows + row * p.stride;
   if (threadIdx.x == 0) bad = 0;
+  // The chunk goes through shared memory: every load in flight at once (a loop of loads and
+  // uses is latency-bound on rows this short).
+  extern __shared__ float stage[];
+  stage_async(stage, z, lo, hi);
+  stage_wait();
   float m = -INFINITY;
   bool local_bad = false;
-  for (std::int32_t i = lo + static_cast<std::int32_t>(threadIdx.x); i < hi; i += 256) {
-    float const v = z[i];
+  for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < hi - lo; i += 256) {
+    float const v = stage[i];
     local_bad = local_bad || v != v || v == INFINITY;
     m = v > m ? v : m;
   }
-  __syncthreads();
   if (local_bad) bad = 1;
   m = block_max(m, scratch);
   if (threadIdx.x == 0)
@@ -293,14 +326,18 @@ __global__ void __launch_bounds__(256) row_expsum_kernel(row_stats_params p) {
   std::int32_t const row = static_cast<std::int32_t>(id / p.plan.count);
   std::int32_t const c = static_cast<std::int32_t>(id % p.plan.count);
   std::int64_t const base = static_cast<std::int64_t>(row) * p.plan.count;
+  std::int32_t const lo = c * p.plan.size;
+  std::int32_t const hi = min(p.vocab, lo + p.plan.size);
+  // The chunk is copied into shared memory while the row maximum is reduced.
+  extern __shared__ float stage[];
+  stage_async(stage, p.rows + row * p.stride, lo, hi);
   float const m = row_max_from_chunks(p.scratch.chunk_max + base, p.plan.count, fscratch);
+  stage_wait();
   if (m == INFINITY || m == -INFINITY) {  // bad row: the walk flags it if it reads it
     if (threadIdx.x == 0) p.scratch.chunk_sum[base + c] = 0.0;
     return;
   }
-  float const* z = p.rows + row * p.stride;
-  std::int32_t const lo = c * p.plan.size;
-  std::int32_t const hi = min(p.vocab, lo + p.plan.size);
+  float const* const z = stage - lo;  // z[i] for i in [lo, hi)
   std::int32_t const n16 = p.vocab - p.vocab % host_row_lanes;
   std::int32_t const lane = static_cast<std::int32_t>(threadIdx.x) & 15;
   std::int32_t const group = static_cast<std::int32_t>(threadIdx.x) >> 4;
@@ -412,10 +449,11 @@ inline __device__ void gather_probs(walk_params const& p, std::int32_t first, st
   std::int32_t const warps = static_cast<std::int32_t>(blockDim.x) >> 5;
   if (!p.target_is_probs) {
     for (std::int32_t r = warp; r < n; r += warps) {
-      std::int64_t const base = static_cast<std::int64_t>(first + r) * p.plan.count;
+      std::int32_t const chunks = p.stats_chunks();
+      std::int64_t const base = static_cast<std::int64_t>(first + r) * chunks;
       float m = -INFINITY;
       double sum = 0.0;
-      for (std::int32_t c = lane; c < p.plan.count; c += 32) {
+      for (std::int32_t c = lane; c < chunks; c += 32) {
         m = fmaxf(m, p.scratch.chunk_max[base + c]);
         sum += p.scratch.chunk_sum[base + c];
       }
@@ -459,16 +497,29 @@ inline __device__ void chunk_weight_sums(dist_row const& cur, float const* q, st
   __syncthreads();  // `bad` may still be read by a previous call
   if (threadIdx.x == 0) bad = 0;
   __syncthreads();
-  for (std::int32_t i = lo + static_cast<std::int32_t>(threadIdx.x); i < hi;
-       i += static_cast<std::int32_t>(blockDim.x)) {
-    float const pi = cur(i);
+  auto const add = [&](float raw, float qi) {
+    float const pi = cur.from(raw);
     local_bad = local_bad || !is_finite(pi);
     pp += static_cast<double>(pi);
     if (mode == draw_residual) {
-      float const qi = q[i];
       local_bad = local_bad || !is_finite(qi);
       w += static_cast<double>(residual_weight(pi, qi));
     }
+  };
+  std::int32_t const nt = static_cast<std::int32_t>(blockDim.x);
+  // Eight entries (and q entries) in flight per thread before any is used.
+  constexpr std::int32_t unroll = 8;
+  for (std::int32_t i = lo + static_cast<std::int32_t>(threadIdx.x); i < hi; i += unroll * nt) {
+    float raw[unroll], qv[unroll];
+#pragma unroll
+    for (std::int32_t u = 0; u < unroll; ++u) {
+      bool const in = i + u * nt < hi;
+      raw[u] = in ? cur.load(i + u * nt) : 0.0f;
+      qv[u] = in && mode == draw_residual ? q[i + u * nt] : 0.0f;
+    }
+#pragma unroll
+    for (std::int32_t u = 0; u < unroll; ++u)
+      if (i + u * nt < hi) add(raw[u], qv[u]);
   }
   __syncthreads();
   if (local_bad) bad = 1;
@@ -480,39 +531,74 @@ inline __device__ void chunk_weight_sums(dist_row const& cur, float const* q, st
 }
 
 //! The first index i in [lo, hi) with w(i) > 0 (not in rej) whose running sum, starting at
-//! `base`, exceeds `target`; -1 if none. Entries are given to threads in contiguous runs so the
-//! running sum follows index order. Block-uniform result.
+//! `base`, exceeds `target`; -1 if none. The range is read in coalesced tiles of
+//! `crossing_per_lane` entries per thread, all loads of a tile in flight together: warp k of the
+//! block takes the k-th run of 32 * crossing_per_lane entries of the tile, the warps' sums give
+//! each warp its running sum, and the warp holding the crossing scans its run in index order.
+//! blockDim.x is a multiple of 32. Block-uniform result.
+inline constexpr std::int32_t crossing_per_lane = 8;
+
 template <class W>
 inline __device__ std::int32_t find_crossing_in(W const& w, token_id const* rej, std::int32_t nrej,
                                                 std::int32_t lo, std::int32_t hi, double base,
                                                 double target) {
-  __shared__ double dscratch[32];
+  constexpr std::int32_t per = crossing_per_lane;
+  __shared__ double warp_total[32];
   __shared__ std::int32_t found;
+  std::int32_t const lane = static_cast<std::int32_t>(threadIdx.x) & 31;
+  std::int32_t const warp = static_cast<std::int32_t>(threadIdx.x) >> 5;
+  std::int32_t const warps = static_cast<std::int32_t>(blockDim.x) >> 5;
+  std::int32_t const tile = warps * 32 * per;
+  __syncthreads();  // `found` may still be read by a previous call
   if (threadIdx.x == 0) found = INT32_MAX;
-  std::int32_t const nt = static_cast<std::int32_t>(blockDim.x);
-  std::int32_t const len = hi - lo;
-  std::int32_t const per = (len + nt - 1) / nt;
-  std::int32_t const a = lo + min(len, static_cast<std::int32_t>(threadIdx.x) * per);
-  std::int32_t const b = min(hi, a + per);
-  double mine = 0.0;
-  for (std::int32_t i = a; i < b; ++i) {
-    float const x = w(i);
-    if (x > 0.0f && (nrej == 0 || !in_sorted(rej, nrej, i))) mine += static_cast<double>(x);
-  }
-  double total = 0.0;
-  double const incl = block_inclusive_scan(mine, dscratch, total);
-  double c = base + (incl - mine);
-  if (c + mine > target) {
-    for (std::int32_t i = a; i < b; ++i) {
-      float const x = w(i);
-      if (x > 0.0f && (nrej == 0 || !in_sorted(rej, nrej, i))) {
-        c += static_cast<double>(x);
-        if (c > target) {
-          atomicMin(&found, i);
+  double carry = base;
+  for (std::int32_t t0 = lo; t0 < hi; t0 += tile) {
+    std::int32_t const w0 = t0 + warp * 32 * per;
+    float x[per];
+#pragma unroll
+    for (std::int32_t j = 0; j < per; ++j) {
+      std::int32_t const i = w0 + j * 32 + lane;
+      x[j] = i < hi ? w(i) : 0.0f;
+    }
+#pragma unroll
+    for (std::int32_t j = 0; j < per; ++j) {
+      std::int32_t const i = w0 + j * 32 + lane;
+      if (!(x[j] > 0.0f) || (nrej != 0 && in_sorted(rej, nrej, i))) x[j] = 0.0f;
+    }
+    double mine = 0.0;
+#pragma unroll
+    for (std::int32_t j = 0; j < per; ++j) mine += static_cast<double>(x[j]);
+    double const wsum = warp_sum(mine);
+    __syncthreads();  // warp_total may still be read by the previous tile
+    if (lane == 0) warp_total[warp] = wsum;
+    __syncthreads();
+    double before = carry, tile_total = 0.0;
+    for (std::int32_t k = 0; k < warps; ++k) {
+      double const v = warp_total[k];
+      if (k < warp) before += v;
+      tile_total += v;
+    }
+    if (before + wsum > target) {  // warp-uniform: the crossing may lie in this warp's run
+      double run = before;
+      for (std::int32_t j = 0; j < per; ++j) {
+        double incl = static_cast<double>(x[j]);
+        for (int o = 1; o < 32; o <<= 1) {
+          double const y = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += y;
+        }
+        double const group = __shfl_sync(0xffffffffu, incl, 31);
+        if (run + group > target) {
+          unsigned const hits = __ballot_sync(0xffffffffu, x[j] > 0.0f && run + incl > target);
+          if (hits != 0u && lane == __ffs(static_cast<int>(hits)) - 1)
+            atomicMin(&found, w0 + j * 32 + lane);
           break;
         }
+        run += group;
       }
     }
+    __syncthreads();
+    if (found != INT32_MAX) break;  // block-uniform
+    carry += tile_total;
   }
   __syncthreads();
   std::int32_t const r = found;
@@ -1004,6 +1090,7 @@ inline launch_status launch_row_stats(row_stats_params const& p, cudaStream_t st
   if (p.rows == nullptr || p.num_rows < 0 || p.vocab <= 0 || p.stride < p.vocab)
     return fail(status::invalid_argument, "launch_row_stats: rows, vocab or stride");
   if (p.plan.count <= 0 || p.plan.size <= 0 || p.plan.size % host_row_block != 0 ||
+      p.plan.size > max_blocks_per_chunk * host_row_block || p.plan.count > max_chunks(p.vocab) ||
       static_cast<std::int64_t>(p.plan.count) * p.plan.size < p.vocab)
     return fail(status::invalid_argument, "launch_row_stats: chunk plan");
   if (p.scratch.chunk_max == nullptr || p.num_rows > p.scratch.max_rows ||
@@ -1012,8 +1099,9 @@ inline launch_status launch_row_stats(row_stats_params const& p, cudaStream_t st
   if (!(p.inv_temperature > 0.0f))
     return fail(status::invalid_argument, "launch_row_stats: inverse temperature");
   auto const blocks = static_cast<unsigned>(static_cast<std::int64_t>(p.num_rows) * p.plan.count);
-  detail::row_max_kernel<<<blocks, 256, 0, stream>>>(p);
-  detail::row_expsum_kernel<<<blocks, 256, 0, stream>>>(p);
+  auto const stage = static_cast<std::size_t>(p.plan.size) * sizeof(float);
+  detail::row_max_kernel<<<blocks, 256, stage, stream>>>(p);
+  detail::row_expsum_kernel<<<blocks, 256, stage, stream>>>(p);
   return last_launch_status("launch_row_stats");
 }
 
@@ -1031,8 +1119,11 @@ inline launch_status check_walk(walk_params const& p, char const* what) noexcept
   if (p.layout.max_rows_per_seq <= 0 ||
       static_cast<std::size_t>(p.layout.max_rows_per_seq) > max_tree_nodes)
     return fail(status::out_of_range, what);
-  if (p.plan.count <= 0 || p.plan.size <= 0 || p.plan.size % host_row_block != 0 ||
-      static_cast<std::int64_t>(p.plan.count) * p.plan.size < p.vocab)
+  auto const bad_plan = [&](chunk_plan const& c) {
+    return c.count <= 0 || c.count > max_chunks(p.vocab) || c.size <= 0 ||
+           c.size % host_row_block != 0 || static_cast<std::int64_t>(c.count) * c.size < p.vocab;
+  };
+  if (bad_plan(p.plan) || (p.stats_plan.count != 0 && bad_plan(p.stats_plan)))
     return fail(status::invalid_argument, what);
   if (p.scratch.counters == nullptr || p.layout.batch > p.scratch.max_batch ||
       p.layout.total_rows > p.scratch.max_rows || p.vocab > p.scratch.vocab)

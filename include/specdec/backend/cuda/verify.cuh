@@ -205,7 +205,8 @@ inline launch_status launch_verify(verify_inputs const& in, device_policy const&
   rs.scratch = ws.draw();
   st = launch_row_stats(rs, stream);
   if (!st.ok()) return st;
-  w.plan = rs.plan;
+  w.plan = plan_chunks(in.vocab, in.layout.batch, ws.draw().multiprocessors);
+  w.stats_plan = rs.plan;
   w.target = z;
   w.target_stride = z_stride;
   w.inv_temperature = policy.inv_temperature;
