@@ -376,6 +376,7 @@ struct walk_smem {
   float* rinv;         //!< row float(1 / total) (logits mode)
   std::int32_t* path;  //!< accepted nodes
   token_id* rej;       //!< rejected tokens (ascending)
+  float* u;            //!< the uniform of Philox word offset + j (walk) for node j
 
   __device__ static walk_smem carve(void* base, std::int32_t n) noexcept {
     auto* w = static_cast<std::int32_t*>(base);
@@ -390,6 +391,7 @@ struct walk_smem {
     s.rinv = reinterpret_cast<float*>(w + 7 * n);
     s.path = w + 8 * n;
     s.rej = w + 9 * n;
+    s.u = reinterpret_cast<float*>(w + 10 * n);
     return s;
   }
 };
@@ -686,6 +688,7 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
     return;
   }
   walk_smem const s = walk_smem::carve(walk_dynamic, cap);
+  rng_state const rng = p.rng[b];
   int multi = 0;
   std::int32_t flags = load_tree(p, first, n, s, multi);
   if (threadIdx.x == 0) multi_child = multi;
@@ -700,9 +703,15 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
     return;
   }
   if (single && c != 0) return;
-  gather_probs(p, first, n, s);
-  rng_state const rng = p.rng[b];
-  float const u0 = rng.uniform_at(0);
+  // Every uniform of the walk at once, from the last threads (gather_probs keeps the first ones
+  // busy), instead of one Philox block after another on the walk's critical path.
+  {
+    std::int32_t const nt = static_cast<std::int32_t>(blockDim.x);
+    for (std::int32_t j = nt - 1 - static_cast<std::int32_t>(threadIdx.x); j < n; j += nt)
+      s.u[j] = rng.uniform_at(static_cast<std::uint64_t>(j));
+  }
+  gather_probs(p, first, n, s);  // ends with __syncthreads
+  float const u0 = s.u[0];
 
   // ---- The walk (every thread replays it; decisions are block-uniform). ----
   if (threadIdx.x == 0) {
@@ -753,7 +762,7 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
           done = true;
           break;
         }
-        float const u = rng.uniform_at(static_cast<std::uint64_t>(child));
+        float const u = s.u[child];
         if (px > 0.0f && (px >= qx || __fmul_rn(u, qx) < px)) {
           accepted = child;
           break;
@@ -795,7 +804,7 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
           done = true;
           break;
         }
-        float const u = rng.uniform_at(static_cast<std::uint64_t>(child));
+        float const u = s.u[child];
         if (px > 0.0f && (px >= mass || __fmul_rn(u, mass) < px)) {
           accepted = child;
           break;
@@ -1134,7 +1143,7 @@ inline launch_status check_walk(walk_params const& p, char const* what) noexcept
 //! Dynamic shared memory of the walk kernels, raising the kernel's limit when above 48 KB.
 template <class Kernel>
 inline launch_status walk_smem_bytes(Kernel kernel, std::int32_t cap, std::size_t& bytes) noexcept {
-  bytes = static_cast<std::size_t>(cap) * 10 * 4;
+  bytes = static_cast<std::size_t>(cap) * 11 * 4;
   if (bytes > 48 * 1024) {
     cudaError_t const e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(bytes));
