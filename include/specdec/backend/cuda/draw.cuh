@@ -488,17 +488,34 @@ inline __device__ void gather_probs(walk_params const& p, std::int32_t first, st
   __syncthreads();
 }
 
+//! Three block sums at once (every thread gets them): one pass through shared memory instead
+//! of three. `scratch` holds >= 96 doubles. Fixed order, like `block_sum`.
+__device__ __forceinline__ void block_sum3(double& a, double& b, double& c,
+                                           double* scratch) noexcept {
+  int const lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  int const warps = static_cast<int>((blockDim.x + 31) / 32);
+  a = warp_sum(a);
+  b = warp_sum(b);
+  c = warp_sum(c);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) {
+    scratch[warp] = a;
+    scratch[32 + warp] = b;
+    scratch[64 + warp] = c;
+  }
+  __syncthreads();
+  a = warp_sum(lane < warps ? scratch[lane] : 0.0);
+  b = warp_sum(lane < warps ? scratch[32 + lane] : 0.0);
+  c = warp_sum(lane < warps ? scratch[64 + lane] : 0.0);
+}
+
 //! Sums over [lo, hi) of the draw weights: out[0] = the mode's weights (residual, or p), out[1]
 //! = p, out[2] = 1 when a non-finite p (or q in residual mode) was seen. Block-uniform result.
 inline __device__ void chunk_weight_sums(dist_row const& cur, float const* q, std::int32_t mode,
                                          std::int32_t lo, std::int32_t hi, double out[3]) {
-  __shared__ double dscratch[32];
-  __shared__ int bad;
+  __shared__ double dscratch[96];
   double w = 0.0, pp = 0.0;
   bool local_bad = false;
-  __syncthreads();  // `bad` may still be read by a previous call
-  if (threadIdx.x == 0) bad = 0;
-  __syncthreads();
   auto const add = [&](float raw, float qi) {
     float const pi = cur.from(raw);
     local_bad = local_bad || !is_finite(pi);
@@ -523,20 +540,18 @@ inline __device__ void chunk_weight_sums(dist_row const& cur, float const* q, st
     for (std::int32_t u = 0; u < unroll; ++u)
       if (i + u * nt < hi) add(raw[u], qv[u]);
   }
-  __syncthreads();
-  if (local_bad) bad = 1;
-  w = block_sum(w, dscratch);
-  pp = block_sum(pp, dscratch);
+  double flag = local_bad ? 1.0 : 0.0;  // summed: nonzero when any thread saw a bad entry
+  block_sum3(w, pp, flag, dscratch);
   out[0] = mode == draw_residual ? w : pp;
   out[1] = pp;
-  out[2] = bad ? 1.0 : 0.0;
+  out[2] = flag != 0.0 ? 1.0 : 0.0;
 }
 
 //! The first index i in [lo, hi) with w(i) > 0 (not in rej) whose running sum, starting at
-//! `base`, exceeds `target`; -1 if none. The range is read in coalesced tiles of
-//! `crossing_per_lane` entries per thread, all loads of a tile in flight together: warp k of the
-//! block takes the k-th run of 32 * crossing_per_lane entries of the tile, the warps' sums give
-//! each warp its running sum, and the warp holding the crossing scans its run in index order.
+//! `base`, exceeds `target`; -1 if none. The range is read in tiles of `crossing_per_lane`
+//! entries per thread, all loads of a tile in flight together: thread t of the block takes the
+//! t-th run of the tile, a warp scan and the warps' sums give each thread the running sum before
+//! its run, and the thread holding the crossing scans its run in index order.
 //! blockDim.x is a multiple of 32. Block-uniform result.
 inline constexpr std::int32_t crossing_per_lane = 8;
 
@@ -555,22 +570,22 @@ inline __device__ std::int32_t find_crossing_in(W const& w, token_id const* rej,
   if (threadIdx.x == 0) found = INT32_MAX;
   double carry = base;
   for (std::int32_t t0 = lo; t0 < hi; t0 += tile) {
-    std::int32_t const w0 = t0 + warp * 32 * per;
+    std::int32_t const l0 = t0 + (warp * 32 + lane) * per;  // this thread's run [l0, l0 + per)
     float x[per];
 #pragma unroll
-    for (std::int32_t j = 0; j < per; ++j) {
-      std::int32_t const i = w0 + j * 32 + lane;
-      x[j] = i < hi ? w(i) : 0.0f;
-    }
+    for (std::int32_t j = 0; j < per; ++j) x[j] = l0 + j < hi ? w(l0 + j) : 0.0f;
 #pragma unroll
-    for (std::int32_t j = 0; j < per; ++j) {
-      std::int32_t const i = w0 + j * 32 + lane;
-      if (!(x[j] > 0.0f) || (nrej != 0 && in_sorted(rej, nrej, i))) x[j] = 0.0f;
-    }
+    for (std::int32_t j = 0; j < per; ++j)
+      if (!(x[j] > 0.0f) || (nrej != 0 && in_sorted(rej, nrej, l0 + j))) x[j] = 0.0f;
     double mine = 0.0;
 #pragma unroll
     for (std::int32_t j = 0; j < per; ++j) mine += static_cast<double>(x[j]);
-    double const wsum = warp_sum(mine);
+    double incl = mine;  // inclusive scan over the warp's runs (in index order)
+    for (int o = 1; o < 32; o <<= 1) {
+      double const y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    double const wsum = __shfl_sync(0xffffffffu, incl, 31);
     __syncthreads();  // warp_total may still be read by the previous tile
     if (lane == 0) warp_total[warp] = wsum;
     __syncthreads();
@@ -580,22 +595,18 @@ inline __device__ std::int32_t find_crossing_in(W const& w, token_id const* rej,
       if (k < warp) before += v;
       tile_total += v;
     }
-    if (before + wsum > target) {  // warp-uniform: the crossing may lie in this warp's run
-      double run = before;
+    double run = before + (incl - mine);
+    if (run + mine > target) {  // the crossing may lie in this thread's run
+      bool hit = false;         // no early exit: x stays in registers only with constant indices
+#pragma unroll
       for (std::int32_t j = 0; j < per; ++j) {
-        double incl = static_cast<double>(x[j]);
-        for (int o = 1; o < 32; o <<= 1) {
-          double const y = __shfl_up_sync(0xffffffffu, incl, o);
-          if (lane >= o) incl += y;
+        if (!hit && x[j] > 0.0f) {
+          run += static_cast<double>(x[j]);
+          if (run > target) {
+            atomicMin(&found, l0 + j);
+            hit = true;
+          }
         }
-        double const group = __shfl_sync(0xffffffffu, incl, 31);
-        if (run + group > target) {
-          unsigned const hits = __ballot_sync(0xffffffffu, x[j] > 0.0f && run + incl > target);
-          if (hits != 0u && lane == __ffs(static_cast<int>(hits)) - 1)
-            atomicMin(&found, w0 + j * 32 + lane);
-          break;
-        }
-        run += group;
       }
     }
     __syncthreads();
@@ -889,16 +900,14 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
   // Totals: a block reduction over the chunk partials (fixed order: the same in every block).
   double total_w = 0.0, total_p = 0.0, bad_count = 0.0;
   {
-    __shared__ double tscratch[32];
+    __shared__ double tscratch[96];
     for (std::int32_t cc = static_cast<std::int32_t>(threadIdx.x); cc < chunks;
          cc += static_cast<std::int32_t>(blockDim.x)) {
       total_w += __ldcg(parts + cc * 3 + 0);
       total_p += __ldcg(parts + cc * 3 + 1);
       bad_count += __ldcg(parts + cc * 3 + 2);
     }
-    total_w = block_sum(total_w, tscratch);
-    total_p = block_sum(total_p, tscratch);
-    bad_count = block_sum(bad_count, tscratch);
+    block_sum3(total_w, total_p, bad_count, tscratch);
   }
   bool const bad = bad_count != 0.0;
   std::int32_t token = -1;
