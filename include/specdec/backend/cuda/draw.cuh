@@ -394,6 +394,15 @@ struct walk_smem {
     s.u = reinterpret_cast<float*>(w + 10 * n);
     return s;
   }
+
+  //! Bytes of the per-node arrays, rounded up to a multiple of 8.
+  __host__ __device__ static constexpr std::size_t node_bytes(std::int32_t n) noexcept {
+    return (static_cast<std::size_t>(n) * 11 * 4 + 7) / 8 * 8;
+  }
+  //! The chunk partials of the draw (3 doubles per chunk), after the per-node arrays.
+  __device__ static double* parts(void* base, std::int32_t n) noexcept {
+    return reinterpret_cast<double*>(static_cast<unsigned char*>(base) + node_bytes(n));
+  }
 };
 
 //! Loads a sequence's tree into shared memory and checks it. Returns the device_error bits
@@ -636,7 +645,8 @@ inline __device__ std::int32_t last_positive(W const& w, token_id const* rej, st
   return r;
 }
 
-//! Given per-chunk sums parts[c * 3 + k] (k = which), finds the chunk where the running sum
+//! Given per-chunk sums parts[c * 3 + k] (k = which; shared memory or a buffer the block wrote
+//! itself), finds the chunk where the running sum
 //! crosses `target` and the index inside it (or -1). Block-uniform.
 template <class W>
 inline __device__ std::int32_t find_crossing(W const& w, token_id const* rej, std::int32_t nrej,
@@ -651,8 +661,7 @@ inline __device__ std::int32_t find_crossing(W const& w, token_id const* rej, st
   std::int32_t const nt = static_cast<std::int32_t>(blockDim.x);
   for (std::int32_t c0 = 0; c0 < plan.count; c0 += nt) {
     std::int32_t const c = c0 + static_cast<std::int32_t>(threadIdx.x);
-    double const v =
-        c < plan.count ? __ldcg(parts + static_cast<std::int64_t>(c) * 3 + which) : 0.0;
+    double const v = c < plan.count ? parts[static_cast<std::int64_t>(c) * 3 + which] : 0.0;
     double tile_total = 0.0;
     double const incl = block_inclusive_scan(v, dscratch, tile_total);
     if (c < plan.count && carry + incl > target && v > 0.0) {
@@ -897,15 +906,21 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
     if (threadIdx.x == 0) p.scratch.counters[b] = 0;
   }
 
-  // Totals: a block reduction over the chunk partials (fixed order: the same in every block).
+  // The partials into shared memory (read once), then the totals: a block reduction over them
+  // (fixed order: the same in every block).
+  double* const sp = walk_smem::parts(walk_dynamic, cap);
+  for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < chunks * 3;
+       i += static_cast<std::int32_t>(blockDim.x))
+    sp[i] = __ldcg(parts + i);
+  __syncthreads();
   double total_w = 0.0, total_p = 0.0, bad_count = 0.0;
   {
     __shared__ double tscratch[96];
     for (std::int32_t cc = static_cast<std::int32_t>(threadIdx.x); cc < chunks;
          cc += static_cast<std::int32_t>(blockDim.x)) {
-      total_w += __ldcg(parts + cc * 3 + 0);
-      total_p += __ldcg(parts + cc * 3 + 1);
-      bad_count += __ldcg(parts + cc * 3 + 2);
+      total_w += sp[cc * 3 + 0];
+      total_p += sp[cc * 3 + 1];
+      bad_count += sp[cc * 3 + 2];
     }
     block_sum3(total_w, total_p, bad_count, tscratch);
   }
@@ -915,7 +930,7 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
   auto const draw_p = [&]() -> std::int32_t {
     if (!(total_p > 0.0 && total_p - total_p == 0.0)) return -2;
     double const target = static_cast<double>(u0) * total_p;
-    std::int32_t t = find_crossing(cur, nullptr, 0, parts, 1, p.plan, p.vocab, target);
+    std::int32_t t = find_crossing(cur, nullptr, 0, sp, 1, p.plan, p.vocab, target);
     if (t < 0) t = last_positive(cur, nullptr, 0, p.vocab);
     return t < 0 ? -2 : t;
   };
@@ -927,7 +942,7 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
     if (total_w > 0.0) {
       auto const w = [&](std::int32_t i) { return residual_weight(cur(i), qrow[i]); };
       double const target = static_cast<double>(u0) * total_w;
-      token = find_crossing(w, nullptr, 0, parts, 0, p.plan, p.vocab, target);
+      token = find_crossing(w, nullptr, 0, sp, 0, p.plan, p.vocab, target);
       if (token < 0) token = draw_p();
     } else {
       token = draw_p();
@@ -939,21 +954,17 @@ __global__ void __launch_bounds__(256) walk_draw_kernel(walk_params p) {
       if (v > 0.0f) total -= static_cast<double>(v);
     }
     if (total > 0.0) {
-      // Per-chunk sums without the rejected tokens (written in place by thread 0; the partials
-      // of this sequence are not read again).
+      // Per-chunk sums without the rejected tokens (the shared copy, by thread 0).
       __syncthreads();
       if (threadIdx.x == 0) {
         for (std::int32_t k = 0; k < nrej; ++k) {
           float const v = cur(s.rej[k]);
-          if (v > 0.0f) {
-            double* const at = parts + (s.rej[k] / p.plan.size) * 3 + 1;
-            *at = __ldcg(at) - static_cast<double>(v);
-          }
+          if (v > 0.0f) sp[(s.rej[k] / p.plan.size) * 3 + 1] -= static_cast<double>(v);
         }
       }
       __syncthreads();
       double const target = static_cast<double>(u0) * total;
-      token = find_crossing(cur, s.rej, nrej, parts, 1, p.plan, p.vocab, target);
+      token = find_crossing(cur, s.rej, nrej, sp, 1, p.plan, p.vocab, target);
       if (token < 0) token = s_fallback;
     } else {
       token = s_fallback;
@@ -1151,8 +1162,9 @@ inline launch_status check_walk(walk_params const& p, char const* what) noexcept
 
 //! Dynamic shared memory of the walk kernels, raising the kernel's limit when above 48 KB.
 template <class Kernel>
-inline launch_status walk_smem_bytes(Kernel kernel, std::int32_t cap, std::size_t& bytes) noexcept {
-  bytes = static_cast<std::size_t>(cap) * 11 * 4;
+inline launch_status walk_smem_bytes(Kernel kernel, std::int32_t cap, std::int32_t chunks,
+                                     std::size_t& bytes) noexcept {
+  bytes = walk_smem::node_bytes(cap) + static_cast<std::size_t>(chunks) * 3 * sizeof(double);
   if (bytes > 48 * 1024) {
     cudaError_t const e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(bytes));
@@ -1172,7 +1184,8 @@ inline launch_status launch_walk_draw(walk_params const& p, cudaStream_t stream)
   if (!p.target_is_probs && !(p.inv_temperature > 0.0f))
     return fail(status::invalid_argument, "launch_walk_draw: inverse temperature");
   std::size_t smem = 0;
-  st = detail::walk_smem_bytes(detail::walk_draw_kernel<0>, p.layout.max_rows_per_seq, smem);
+  st = detail::walk_smem_bytes(detail::walk_draw_kernel<0>, p.layout.max_rows_per_seq, p.plan.count,
+                               smem);
   if (!st.ok()) return st;
   auto const blocks =
       static_cast<unsigned>(static_cast<std::int64_t>(p.layout.batch) * p.plan.count);
@@ -1186,7 +1199,7 @@ inline launch_status launch_greedy_walk(walk_params const& p, cudaStream_t strea
   launch_status st = detail::check_walk(p, "launch_greedy_walk: parameters");
   if (!st.ok() || p.layout.batch == 0) return st;
   std::size_t smem = 0;
-  st = detail::walk_smem_bytes(detail::greedy_walk_kernel<0>, p.layout.max_rows_per_seq, smem);
+  st = detail::walk_smem_bytes(detail::greedy_walk_kernel<0>, p.layout.max_rows_per_seq, 0, smem);
   if (!st.ok()) return st;
   auto const blocks =
       static_cast<unsigned>(static_cast<std::int64_t>(p.layout.batch) * p.plan.count);
