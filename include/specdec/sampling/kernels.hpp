@@ -26,7 +26,7 @@
 #error "specdec/sampling needs the GCC / Clang vector extensions (g++ 12+ or clang++ 14+)"
 #endif
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE4_1__)
 #include <immintrin.h>
 #endif
 
@@ -68,13 +68,30 @@ inline constexpr std::size_t row_block = 512;
 [[nodiscard, gnu::always_inline]] inline vfloat splat(float x) noexcept {
   return vfloat{} + x;
 }
-//! Whether any lane of a mask is set.
+//! Whether any lane of a mask is set (one vector test where the instruction set has one).
 [[nodiscard, gnu::always_inline]] inline bool any(vint m) noexcept {
+#if defined(__AVX512F__)
+  static_assert(sizeof(vint) == sizeof(__m512i));
+  __m512i v;
+  __builtin_memcpy(&v, &m, sizeof v);
+  return _mm512_test_epi32_mask(v, v) != 0;
+#elif defined(__AVX__)
+  static_assert(sizeof(vint) == sizeof(__m256i));
+  __m256i v;
+  __builtin_memcpy(&v, &m, sizeof v);
+  return _mm256_testz_si256(v, v) == 0;
+#elif defined(__SSE4_1__)
+  static_assert(sizeof(vint) == sizeof(__m128i));
+  __m128i v;
+  __builtin_memcpy(&v, &m, sizeof v);
+  return _mm_testz_si128(v, v) == 0;
+#else
   std::uint64_t w[sizeof(vint) / 8];
   __builtin_memcpy(w, &m, sizeof w);
   std::uint64_t acc = 0;
   for (std::uint64_t x : w) acc |= x;
   return acc != 0;
+#endif
 }
 
 //! Inputs below this give an exp below the smallest normal float; `exp_nonpositive` returns 0.
@@ -131,13 +148,11 @@ struct row_summary {
                 " (every entry is -inf, or the row is empty)");
 }
 
-//! The maximum of `row`; throws `errc::numerical` naming the index of the first NaN or +inf, or
-//! when no entry is finite (an empty row included). `who` names the caller in the message.
-//! One vectorised pass.
-[[nodiscard]] inline row_summary summarize_row(std::span<float const> row, char const* who) {
+//! The maximum of x[0..n) as `summarize_row` defines it, one step of `row_lanes` at a time into
+//! one set of lane maxima (each lane keeps the first of equal values), merged lane by lane in
+//! order, then the tail; `bad` is set when an entry is NaN. Resolves the sign of a zero maximum.
+[[nodiscard]] inline float ordered_row_max(float const* x, std::size_t n, bool& bad) noexcept {
   constexpr float inf = std::numeric_limits<float>::infinity();
-  float const* x = row.data();
-  std::size_t const n = row.size();
   vfloat mx[row_vectors];
   vint nan[row_vectors];
   for (std::size_t v = 0; v < row_vectors; ++v) {
@@ -152,18 +167,83 @@ struct row_summary {
       nan[v] |= a != a;
     }
   }
-  row_summary s;
-  bool bad = false;
+  float m = -inf;
+  bool any_nan = false;
   for (std::size_t v = 0; v < row_vectors; ++v) {
-    bad = bad || any(nan[v]);
-    for (std::size_t j = 0; j < simd_width; ++j) s.max = mx[v][j] > s.max ? mx[v][j] : s.max;
+    any_nan = any_nan || any(nan[v]);
+    for (std::size_t j = 0; j < simd_width; ++j) m = mx[v][j] > m ? mx[v][j] : m;
   }
+  for (std::size_t i = full; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    any_nan = any_nan || x[i] != x[i];
+  }
+  bad = any_nan;
+  return m;
+}
+
+//! The maximum of `row`; throws `errc::numerical` naming the index of the first NaN or +inf, or
+//! when no entry is finite (an empty row included). `who` names the caller in the message.
+//! One vectorised pass over four independent sets of lane maxima (a single set would chain every
+//! step on the previous one). The maximum of a set of floats does not depend on the order it is
+//! taken in, except for the sign of a zero maximum (-0 and +0 compare equal), which the rare rows
+//! whose maximum is zero take from `ordered_row_max`.
+[[nodiscard]] inline row_summary summarize_row(std::span<float const> row, char const* who) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr std::size_t sets = 4;
+  constexpr std::size_t stride = sets * row_lanes;
+  float const* x = row.data();
+  std::size_t const n = row.size();
+  vfloat mx[sets][row_vectors];
+  vint nan[sets][row_vectors];
+  for (std::size_t u = 0; u < sets; ++u) {
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      mx[u][v] = splat(-inf);
+      nan[u][v] = vint{};
+    }
+  }
+  std::size_t const wide = n - n % stride;
+  for (std::size_t i = 0; i < wide; i += stride) {
+    for (std::size_t u = 0; u < sets; ++u) {
+      for (std::size_t v = 0; v < row_vectors; ++v) {
+        vfloat const a = load(x + i + u * row_lanes + v * simd_width);
+        mx[u][v] = a > mx[u][v] ? a : mx[u][v];
+        nan[u][v] |= a != a;
+      }
+    }
+  }
+  std::size_t const full = n - n % row_lanes;
+  for (std::size_t i = wide; i < full; i += row_lanes) {
+    for (std::size_t v = 0; v < row_vectors; ++v) {
+      vfloat const a = load(x + i + v * simd_width);
+      mx[0][v] = a > mx[0][v] ? a : mx[0][v];
+      nan[0][v] |= a != a;
+    }
+  }
+  vint bad_lanes = vint{};
+  for (std::size_t v = 0; v < row_vectors; ++v) {
+    for (std::size_t u = 1; u < sets; ++u) {
+      mx[0][v] = mx[u][v] > mx[0][v] ? mx[u][v] : mx[0][v];
+      nan[0][v] |= nan[u][v];
+    }
+    bad_lanes |= nan[0][v];
+  }
+  // The lanes by a pairwise tree (short dependency chains).
+  float lanes[row_lanes];
+  __builtin_memcpy(lanes, mx[0], sizeof lanes);
+  for (std::size_t h = row_lanes / 2; h >= 1; h /= 2)
+    for (std::size_t l = 0; l < h; ++l)
+      lanes[l] = lanes[l + h] > lanes[l] ? lanes[l + h] : lanes[l];
+  row_summary s;
+  s.max = lanes[0];
+  bool bad = any(bad_lanes);
   for (std::size_t i = full; i < n; ++i) {
     s.max = x[i] > s.max ? x[i] : s.max;
     bad = bad || x[i] != x[i];
   }
   if (bad || !(s.max > -inf && s.max < inf)) [[unlikely]]
     throw_bad_row(x, n, who);
+  if (s.max == 0.0f) [[unlikely]]
+    s.max = ordered_row_max(x, n, bad);
   return s;
 }
 
@@ -173,13 +253,12 @@ struct exp_sums {
   double at_least_floor = 0.0;  //!< sum of the written values >= `efloor` (when requested)
 };
 
-//! Writes out[i] = x[i] >= zfloor ? exp((x[i] - shift) * scale) : 0 for every i and returns the
-//! sum of the written values (and, with `WithFloor`, the sum of those >= efloor), accumulated in
-//! float over blocks of `row_block` and in double across blocks. Requires x[i] - shift <= 0 (or
-//! -inf), scale > 0 finite, no NaN. `out` may be `x` itself.
-template <bool WithFloor>
-[[nodiscard]] inline exp_sums exp_masked(float const* x, float* out, std::size_t n, float shift,
-                                         float scale, float zfloor, float efloor) noexcept {
+//! `exp_masked`, with the test against `zfloor` only when `Masked` (without it, every entry is
+//! written as if it passed, which is what the test gives for zfloor = -inf on NaN-free rows).
+template <bool WithFloor, bool Masked>
+[[nodiscard]] inline exp_sums exp_masked_pass(float const* x, float* out, std::size_t n,
+                                              float shift, float scale, float zfloor,
+                                              float efloor) noexcept {
   exp_sums s;
   std::size_t i = 0;
   std::size_t const full = n - n % row_lanes;
@@ -193,7 +272,8 @@ template <bool WithFloor>
     for (; i < stop; i += row_lanes) {
       for (std::size_t v = 0; v < row_vectors; ++v) {
         vfloat const a = load(x + i + v * simd_width);
-        vfloat const e = a >= vzfloor ? exp_nonpositive((a - vshift) * vscale) : zero;
+        vfloat e = exp_nonpositive((a - vshift) * vscale);
+        if constexpr (Masked) e = a >= vzfloor ? e : zero;
         store(out + i + v * simd_width, e);
         acc[v] += e;
         if constexpr (WithFloor) acc_floor[v] += e >= vefloor ? e : zero;
@@ -211,12 +291,26 @@ template <bool WithFloor>
   }
   for (; i < n; ++i) {
     float const a = x[i];
-    float const e = a >= zfloor ? exp_nonpositive((a - shift) * scale) : 0.0f;
+    float e = exp_nonpositive((a - shift) * scale);
+    if constexpr (Masked) e = a >= zfloor ? e : 0.0f;
     out[i] = e;
     s.total += static_cast<double>(e);
     if constexpr (WithFloor) s.at_least_floor += e >= efloor ? static_cast<double>(e) : 0.0;
   }
   return s;
+}
+
+//! Writes out[i] = x[i] >= zfloor ? exp((x[i] - shift) * scale) : 0 for every i and returns the
+//! sum of the written values (and, with `WithFloor`, the sum of those >= efloor), accumulated in
+//! float over blocks of `row_block` and in double across blocks. Requires x[i] - shift <= 0 (or
+//! -inf), scale > 0 finite, no NaN. `out` may be `x` itself. With zfloor = -inf (no top-k) the
+//! pass skips the test, which every entry passes.
+template <bool WithFloor>
+[[nodiscard]] inline exp_sums exp_masked(float const* x, float* out, std::size_t n, float shift,
+                                         float scale, float zfloor, float efloor) noexcept {
+  if (zfloor == -std::numeric_limits<float>::infinity())
+    return exp_masked_pass<WithFloor, false>(x, out, n, shift, scale, zfloor, efloor);
+  return exp_masked_pass<WithFloor, true>(x, out, n, shift, scale, zfloor, efloor);
 }
 
 //! Writes out[i] = exp((x[i] - shift) * scale) for every i and returns the sum of the written
@@ -306,6 +400,92 @@ using vfloat_half = float __attribute__((vector_size(simd_width * sizeof(float) 
 [[nodiscard]] inline double sum_double(float const* x, std::size_t n) noexcept {
   bool bad = false;
   return sum_double(x, n, bad);
+}
+
+//! Writes sums[b] = sum_double(x + b * block, min(block, n - b * block)) for every block b of
+//! `block` = 4 * `row_lanes` entries (the blocks of `sample_from`) and returns their sum, added in
+//! block order; `bad` is set when an entry is negative or NaN. Bit for bit what the per-block
+//! `sum_double` calls give: the same additions in the same order (each of the 16 lanes from +0
+//! through its four entries, then the lane tree l += l + 8, l + 4, l + 2, l + 1), written as
+//! whole-vector operations without branches so that consecutive blocks overlap; a zero block
+//! sums to +0 whether it is skipped (as in `sum_double`) or added.
+inline double block_sums_double(float const* x, std::size_t n, double* sums, bool& bad) noexcept {
+  static_assert(row_lanes == 16);
+  using f16 = float __attribute__((vector_size(16 * sizeof(float))));
+  using f8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using i16 = std::int32_t __attribute__((vector_size(16 * sizeof(float))));
+  using d8 = double __attribute__((vector_size(8 * sizeof(double))));
+  using d4 = double __attribute__((vector_size(4 * sizeof(double))));
+  using d2 = double __attribute__((vector_size(2 * sizeof(double))));
+  constexpr std::size_t block = 4 * row_lanes;
+  std::size_t const blocks = (n + block - 1) / block;
+  std::size_t const full = n / block;
+  f16 const zero = f16{};
+  i16 negative = i16{};
+  double total = 0.0;
+  std::size_t b = 0;
+#if defined(__AVX512F__)
+  // The same operations with AVX-512 conversions (GCC splits the generic 8-double conversions
+  // below into 4-double ones). The zero-masked conversion with every lane selected is the plain
+  // instruction (the unmasked intrinsic, like the 512-to-256 casts, trips GCC 12's
+  // -Wmaybe-uninitialized); halves are taken with vector shuffles.
+  __mmask16 negative_mask = 0;
+  for (; b < full; ++b) {
+    float const* p = x + b * block;
+    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+    for (std::size_t k = 0; k < block; k += row_lanes) {
+      __m512 const a = _mm512_loadu_ps(p + k);
+      negative_mask |= _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_NGE_UQ);
+      __m256 const a_lo = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
+      __m256 const a_hi = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+      lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(0xFF, a_lo));
+      hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(0xFF, a_hi));
+    }
+    __m512d const t8 = _mm512_add_pd(lo, hi);
+    __m256d const t4 = _mm256_add_pd(__builtin_shufflevector(t8, t8, 0, 1, 2, 3),
+                                     __builtin_shufflevector(t8, t8, 4, 5, 6, 7));
+    __m128d const t2 =
+        _mm_add_pd(__builtin_shufflevector(t4, t4, 0, 1), __builtin_shufflevector(t4, t4, 2, 3));
+    double const s = t2[0] + t2[1];
+    sums[b] = s;
+    total += s;
+  }
+  if (negative_mask != 0) negative = ~i16{};
+#endif
+  for (; b < full; ++b) {
+    float const* p = x + b * block;
+    d8 lo = d8{}, hi = d8{};  // lanes 0..7 and 8..15
+    for (std::size_t k = 0; k < block; k += row_lanes) {
+      f16 a;
+      __builtin_memcpy(&a, p + k, sizeof a);
+      negative |= ~(a >= zero);  // negative or NaN
+      f8 const a_lo = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
+      f8 const a_hi = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+      lo += __builtin_convertvector(a_lo, d8);
+      hi += __builtin_convertvector(a_hi, d8);
+    }
+    d8 const t8 = lo + hi;
+    d4 const t4 =
+        __builtin_shufflevector(t8, t8, 0, 1, 2, 3) + __builtin_shufflevector(t8, t8, 4, 5, 6, 7);
+    d2 const t2 = __builtin_shufflevector(t4, t4, 0, 1) + __builtin_shufflevector(t4, t4, 2, 3);
+    double const s = t2[0] + t2[1];
+    sums[b] = s;
+    total += s;
+  }
+  std::int32_t lanes[16];
+  __builtin_memcpy(lanes, &negative, sizeof lanes);
+  bool any_bad = false;
+  for (std::int32_t l : lanes) any_bad = any_bad || l != 0;
+  for (; b < blocks; ++b) {
+    std::size_t const start = b * block;
+    bool block_bad = false;
+    double const s = sum_double(x + start, n - start, block_bad);
+    sums[b] = s;
+    total += s;
+    any_bad = any_bad || block_bad;
+  }
+  bad = any_bad;
+  return total;
 }
 
 //! For each of the K thresholds th[k]: count[k] = #{i : x[i] >= th[k]} and, with `Mass`,

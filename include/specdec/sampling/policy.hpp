@@ -79,8 +79,14 @@ template <class T, int Tag>
   return buffer;
 }
 
-//! Throws `errc::out_of_range` unless every token of `history` is in [0, vocab).
+//! Throws `errc::out_of_range` unless every token of `history` is in [0, vocab). One branch-free
+//! (vectorised) pass: the largest id read as unsigned, which a negative id makes huge; the first
+//! offending index is looked for only on failure.
 inline void check_history(std::span<token_id const> history, std::size_t vocab, char const* who) {
+  std::uint32_t largest = 0;
+  for (token_id const t : history) largest = std::max(largest, static_cast<std::uint32_t>(t));
+  if (history.empty() || static_cast<std::size_t>(largest) < vocab) [[likely]]
+    return;
   for (std::size_t i = 0; i < history.size(); ++i) {
     token_id const t = history[i];
     SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range, who, ": history[", i,
@@ -166,12 +172,11 @@ class sampler {
         detail::summarize_row(std::span<float const>(z, vocab),
                               "sampler::distribution (after logit bias and penalties)")
             .max;
-    detail::select_scratch& scratch = detail::thread_select_scratch();
-
     // Step 4, top-k (before the exp: it ranks logits). A small kept set is finished sparsely.
     float zfloor = -std::numeric_limits<float>::infinity();
     auto const k = static_cast<std::size_t>(params_.top_k);
     if (k > 0 && k < vocab) {
+      detail::select_scratch& scratch = detail::thread_select_scratch();
       detail::top_k_result const tk = detail::select_top_k(z, vocab, k, zmax, scratch);
       if (tk.sparse) {
         finish_sparse(scratch, k, zmax, probs);
@@ -205,6 +210,7 @@ class sampler {
 
     // Steps 5-7: top-p, min-p, renormalise.
     if (params_.top_p < 1.0f) {
+      detail::select_scratch& scratch = detail::thread_select_scratch();
       detail::top_p_result const tp =
           detail::select_top_p(e, vocab, sums.total, static_cast<double>(params_.top_p), scratch);
       if (tp.complete) {

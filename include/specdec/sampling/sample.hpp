@@ -66,14 +66,15 @@ inline constexpr std::size_t sample_stack_blocks = 2048;
   double sums[detail::sample_stack_blocks];
   double total = 0.0;
   bool bad = false;
-  for (std::size_t blk = 0; blk < blocks; ++blk) {
-    std::size_t const start = blk * detail::sample_block;
-    bool block_bad = false;
-    double const sum =
-        detail::sum_double(p + start, std::min(detail::sample_block, n - start), block_bad);
-    if (keep) sums[blk] = sum;
-    total += sum;
-    bad = bad || block_bad;
+  if (keep) {
+    total = detail::block_sums_double(p, n, sums, bad);
+  } else {
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      std::size_t const start = blk * detail::sample_block;
+      bool block_bad = false;
+      total += detail::sum_double(p + start, std::min(detail::sample_block, n - start), block_bad);
+      bad = bad || block_bad;
+    }
   }
   if (bad) [[unlikely]] {
     for (std::size_t i = 0; i < n; ++i)

@@ -1,0 +1,234 @@
+// The row kernels' fast passes give bit for bit what their plain definitions give: the block
+// sums of sample_from against one sum_double per block, the four-set row maximum against the
+// one-set ordered maximum (signed zeros included), the exp pass without the top-k test against
+// the pass with it at -inf, the vector `any` against a lane loop, and the one-pass history check
+// against the documented errors.
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "rows.hpp"
+#include "specdec/sampling/kernels.hpp"
+#include "specdec/sampling/policy.hpp"
+
+namespace sd = specdec;
+using sampling_test::check_error;
+using sampling_test::ninf;
+
+namespace {
+
+constexpr std::size_t sizes[] = {1,   2,   15,  16,  17,  63,   64,   65,   127,  128,  129,
+                                 255, 256, 511, 512, 513, 1000, 1023, 1024, 4096, 32000};
+
+// A probability-like row: mostly positive, with zeros, runs of zeros, subnormals and signed zeros.
+std::vector<float> weights_row(std::size_t n, std::mt19937_64& gen) {
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  std::vector<float> p(n);
+  for (float& v : p) {
+    float const r = uni(gen);
+    v = r < 0.2f    ? 0.0f
+        : r < 0.25f ? -0.0f
+        : r < 0.3f  ? 1e-40f * uni(gen)
+        : r < 0.4f  ? std::ldexp(uni(gen), -100)
+                    : uni(gen) * uni(gen);
+  }
+  // A run of zeros over a whole block and a half.
+  if (n > 200)
+    for (std::size_t i = 64; i < 160; ++i) p[i] = 0.0f;
+  return p;
+}
+
+bool same_bits(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
+bool same_bits(float a, float b) {
+  return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+}
+
+}  // namespace
+
+TEST_CASE("block_sums_double equals one sum_double per block, bit for bit") {
+  std::mt19937_64 gen(21);
+  constexpr std::size_t block = sd::detail::sample_block;
+  for (std::size_t n : sizes) {
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> p = weights_row(n, gen);
+      std::size_t const blocks = (n + block - 1) / block;
+      std::vector<double> sums(blocks, -1.0);
+      bool bad = true;
+      double const total = sd::detail::block_sums_double(p.data(), n, sums.data(), bad);
+      double expected_total = 0.0;
+      bool expected_bad = false;
+      for (std::size_t b = 0; b < blocks; ++b) {
+        std::size_t const start = b * block;
+        bool block_bad = false;
+        double const s =
+            sd::detail::sum_double(p.data() + start, std::min(block, n - start), block_bad);
+        INFO("n ", n, " block ", b);
+        CHECK(same_bits(sums[b], s));
+        expected_total += s;
+        expected_bad = expected_bad || block_bad;
+      }
+      INFO("n ", n);
+      CHECK(same_bits(total, expected_total));
+      CHECK(bad == expected_bad);
+      CHECK_FALSE(bad);
+    }
+  }
+}
+
+TEST_CASE("block_sums_double flags negative and NaN entries wherever they are") {
+  std::mt19937_64 gen(22);
+  for (std::size_t n : sizes) {
+    for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      for (float poison : {-1e-30f, -1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<float> p = weights_row(n, gen);
+        p[at] = poison;
+        std::vector<double> sums((n + sd::detail::sample_block - 1) / sd::detail::sample_block);
+        bool bad = false;
+        (void)sd::detail::block_sums_double(p.data(), n, sums.data(), bad);
+        INFO("n ", n, " at ", at, " value ", poison);
+        CHECK(bad);
+      }
+    }
+  }
+}
+
+TEST_CASE("sample_from draws what the sequential double reference draws, on many uniforms") {
+  std::mt19937_64 gen(23);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  for (std::size_t n : sizes) {
+    std::vector<float> p = weights_row(n, gen);
+    for (float& v : p) v = std::abs(v);
+    p[n / 3] = 0.5f;  // some mass
+    std::vector<double> const pd(p.begin(), p.end());
+    for (int k = 0; k < 100; ++k) {
+      float const u = k == 0 ? 0.0f : k == 1 ? 0.99999994f : uni(gen) * 0.99999994f;
+      sd::token_id const a = sd::sample_from(p, u);
+      INFO("n ", n, " u ", u);
+      CHECK(a == sd::reference_sample(pd, u));
+      CHECK(p[static_cast<std::size_t>(a)] > 0.0f);
+    }
+  }
+}
+
+TEST_CASE("summarize_row's maximum equals the ordered one-set maximum, signed zeros included") {
+  std::mt19937_64 gen(24);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::uniform_int_distribution<int> die(0, 5);
+  for (std::size_t n : sizes) {
+    for (int rep = 0; rep < 30; ++rep) {
+      std::vector<float> x(n);
+      int const kind = rep % 4;
+      for (float& v : x) {
+        int const d = die(gen);
+        if (kind == 0) v = normal(gen);
+        if (kind == 1) v = d == 0 ? ninf : normal(gen);  // -inf entries
+        // Non-positive rows whose maximum is a zero of either sign, in any mix.
+        if (kind == 2) v = d < 2 ? 0.0f : d < 4 ? -0.0f : -std::abs(normal(gen));
+        if (kind == 3) v = d < 1 ? -0.0f : d < 2 ? 0.0f : -1.0f - std::abs(normal(gen));
+      }
+      if (kind == 1) x[n / 2] = 1.0f;
+      bool bad = true;
+      float const expected = sd::detail::ordered_row_max(x.data(), n, bad);
+      CHECK_FALSE(bad);
+      float const got = sd::detail::summarize_row(x, "test").max;
+      INFO("n ", n, " kind ", kind, " expected ", expected, " got ", got);
+      CHECK(same_bits(got, expected));
+    }
+  }
+  // Every entry -0 but one +0, at each position of a 64-entry row: the ordered result decides.
+  for (std::size_t at = 0; at < 64; ++at) {
+    std::vector<float> x(64, -0.0f);
+    x[at] = 0.0f;
+    bool bad = false;
+    CHECK(same_bits(sd::detail::summarize_row(x, "test").max,
+                    sd::detail::ordered_row_max(x.data(), x.size(), bad)));
+  }
+}
+
+TEST_CASE("summarize_row still names the first NaN or +inf of a row of any size") {
+  float const nan = std::numeric_limits<float>::quiet_NaN();
+  float const inf = std::numeric_limits<float>::infinity();
+  for (std::size_t n : sizes) {
+    for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      std::vector<float> x(n, 1.0f);
+      x[at] = nan;
+      check_error([&] { (void)sd::detail::summarize_row(x, "test"); }, sd::errc::numerical,
+                  "logit " + std::to_string(at) + " of " + std::to_string(n) + " is NaN");
+      x[at] = inf;
+      check_error([&] { (void)sd::detail::summarize_row(x, "test"); }, sd::errc::numerical,
+                  "logit " + std::to_string(at) + " of " + std::to_string(n) + " is +inf");
+    }
+    std::vector<float> const all_ninf(n, ninf);
+    check_error([&] { (void)sd::detail::summarize_row(all_ninf, "test"); }, sd::errc::numerical,
+                "no finite logit");
+  }
+}
+
+TEST_CASE("the exp pass without the top-k test equals the pass with it at -inf, bit for bit") {
+  std::mt19937_64 gen(25);
+  for (std::size_t n : sizes) {
+    for (auto kind : {sampling_test::row_kind::peaked, sampling_test::row_kind::neg_inf,
+                      sampling_test::row_kind::huge}) {
+      std::vector<float> const z = sampling_test::make_row(kind, n, gen);
+      float const zmax = sd::detail::summarize_row(z, "test").max;
+      for (float scale : {1.0f, 1.0f / 0.7f, 4.0f}) {
+        std::vector<float> a(n), b(n);
+        auto const sa = sd::detail::exp_masked_pass<true, false>(z.data(), a.data(), n, zmax, scale,
+                                                                 ninf, 0.01f);
+        auto const sb = sd::detail::exp_masked_pass<true, true>(z.data(), b.data(), n, zmax, scale,
+                                                                ninf, 0.01f);
+        INFO("n ", n, " kind ", sampling_test::name(kind), " scale ", scale);
+        CHECK(same_bits(sa.total, sb.total));
+        CHECK(same_bits(sa.at_least_floor, sb.at_least_floor));
+        bool equal = true;
+        for (std::size_t i = 0; i < n; ++i) equal = equal && same_bits(a[i], b[i]);
+        CHECK(equal);
+        // The dispatching entry point takes the unmasked pass at -inf.
+        auto const sc =
+            sd::detail::exp_masked<false>(z.data(), b.data(), n, zmax, scale, ninf, 0.0f);
+        CHECK(same_bits(sc.total, sa.total));
+      }
+    }
+  }
+}
+
+TEST_CASE("any tests every lane of a mask") {
+  for (std::size_t lane = 0; lane < sd::detail::simd_width; ++lane) {
+    std::int32_t bits[sd::detail::simd_width] = {};
+    bits[lane] = -1;
+    sd::detail::vint m;
+    __builtin_memcpy(&m, bits, sizeof m);
+    CHECK(sd::detail::any(m));
+  }
+  CHECK_FALSE(sd::detail::any(sd::detail::vint{}));
+}
+
+TEST_CASE("the one-pass history check names the first bad token of long histories") {
+  std::vector<float> const logits(100, 0.0f);
+  std::vector<float> probs(100);
+  sd::sampler const s({});
+  std::vector<sd::token_id> history(1000);
+  for (std::size_t i = 0; i < history.size(); ++i) history[i] = static_cast<sd::token_id>(i % 100);
+  s.distribution(logits, history, probs);  // every id in range: no error
+  (void)s.greedy_token(logits, history);
+  for (std::size_t at : {std::size_t{0}, std::size_t{17}, std::size_t{640}, std::size_t{999}}) {
+    for (sd::token_id bad : {100, -1, std::numeric_limits<sd::token_id>::min(),
+                             std::numeric_limits<sd::token_id>::max()}) {
+      std::vector<sd::token_id> h = history;
+      h[at] = bad;
+      if (at + 5 < h.size()) h[at + 5] = 7777;  // a later bad id is not the one named
+      std::string const fragment =
+          "history[" + std::to_string(at) + "] = " + std::to_string(bad) + " is not";
+      check_error([&] { s.distribution(logits, h, probs); }, sd::errc::out_of_range, fragment);
+      check_error([&] { (void)s.greedy_token(logits, h); }, sd::errc::out_of_range, fragment);
+    }
+  }
+}
