@@ -9,7 +9,9 @@
 
 namespace specdec {
 
-//! What happened in one propose -> score -> verify -> commit step.
+//! What happened in one propose -> score -> verify -> commit step. The decoders time the four
+//! phases back to back (one clock read per boundary), so each includes the bookkeeping around its
+//! call and together they cover the step's whole wall time.
 struct step_stats {
   std::size_t tree_size = 0;     //!< draft nodes proposed (root excluded)
   std::size_t tree_depth = 0;    //!< deepest draft node

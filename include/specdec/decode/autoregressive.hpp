@@ -77,7 +77,7 @@ class autoregressive_decoder {
     philox rng(config_.seed, config_.stream, 0);
     model.cache().truncate(0);
 
-    auto const prefill_start = std::chrono::steady_clock::now();
+    detail::lap_timer timer;  // phases timed back to back (see speculative_decoder)
     if (prompt.size() > 1) {
       std::size_t const n = prompt.size() - 1;
       positions_.resize(n);
@@ -88,7 +88,7 @@ class autoregressive_decoder {
                                 .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
       model.forward(req, fwd_);
     }
-    out.stats.prefill_seconds = detail::seconds_since(prefill_start);
+    out.stats.prefill_seconds = timer.lap();
 
     positions_.resize(1);
     while (!sink_.done()) {
@@ -101,13 +101,11 @@ class autoregressive_decoder {
         break;
       }
       step_stats step;
-      auto t0 = std::chrono::steady_clock::now();
       positions_[0] = static_cast<position_t>(base);
       forward_request const req{.tokens = committed.last(1), .positions = positions_};
       model.forward(req, fwd_);
-      step.score_seconds = detail::seconds_since(t0);
+      step.score_seconds = timer.lap();
 
-      t0 = std::chrono::steady_clock::now();
       std::span<float const> const row = fwd_.logits_view().at_row(0);
       token_id next = no_token;
       if (policy_.is_greedy()) {
@@ -117,13 +115,12 @@ class autoregressive_decoder {
         policy_.distribution(row, committed, probs_);
         next = policy_.sample(std::span<float const>(probs_), rng);
       }
-      step.verify_seconds = detail::seconds_since(t0);
+      step.verify_seconds = timer.lap();
 
-      t0 = std::chrono::steady_clock::now();
       std::size_t const emitted_before = sink_.emitted();
       (void)sink_.emit(next);
       step.emitted = sink_.emitted() - emitted_before;
-      step.commit_seconds = detail::seconds_since(t0);
+      step.commit_seconds = timer.lap();
       out.stats.add(step);
     }
     out.stats.total_seconds = detail::seconds_since(request_start);

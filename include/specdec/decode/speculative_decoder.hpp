@@ -60,6 +60,25 @@ namespace detail {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+//! Times consecutive phases with one clock read per phase boundary: `lap()` returns the seconds
+//! since the previous boundary and makes now the next one. The phases of a decode step are timed
+//! back to back, so that they cover the whole decode loop and each costs one clock read.
+class lap_timer {
+ public:
+  //! A timer whose first phase starts now.
+  lap_timer() noexcept : last_(std::chrono::steady_clock::now()) {}
+  //! Seconds since the last boundary (or construction); now becomes the boundary.
+  [[nodiscard]] double lap() noexcept {
+    auto const now = std::chrono::steady_clock::now();
+    auto const ticks = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+    last_ = now;
+    return static_cast<double>(ticks) * 1e-9;  // a multiplication, not chrono's division
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+};
+
 //! The positions the target cache can hold: the smaller of the model's context and the cache's
 //! capacity.
 template <class Model>
@@ -163,7 +182,7 @@ class speculative_decoder {
     target.cache().truncate(0);
 
     // Prefill x_1..x_{t-1}; x_t is the first root.
-    auto const prefill_start = std::chrono::steady_clock::now();
+    detail::lap_timer timer;
     matrix_view<float const> hidden_rows;
     if (prompt.size() > 1) {
       std::size_t const n = prompt.size() - 1;
@@ -178,7 +197,7 @@ class speculative_decoder {
       if constexpr (needs_target_hidden_v<Proposer>) hidden_rows = fwd_.hidden_view();
     }
     proposer_->begin(prompt);
-    out.stats.prefill_seconds = detail::seconds_since(prefill_start);
+    out.stats.prefill_seconds = timer.lap();
 
     while (!sink_.done()) {
       std::span<token_id const> const committed = sink_.committed();
@@ -192,8 +211,8 @@ class speculative_decoder {
       }
       step_stats step;
 
-      // 1. propose
-      auto t0 = std::chrono::steady_clock::now();
+      // 1. propose (the phases are timed back to back: this one from the end of the last step's
+      // commit, or of the prefill)
       propose_context ctx;
       ctx.tokens = committed;
       ctx.target_hidden = hidden_rows;
@@ -214,7 +233,7 @@ class speculative_decoder {
         aux_.finalize();
         step.aux_tokens = aux_.num_aux();
       }
-      step.propose_seconds = detail::seconds_since(t0);
+      step.propose_seconds = timer.lap();
       SPECDEC_CHECK(!tree_.empty() && tree_.root() == committed.back(), invalid_argument,
                     "speculative_decoder: the proposer's tree must have the last committed token ",
                     committed.back(), " as its root");
@@ -225,7 +244,6 @@ class speculative_decoder {
       step.tree_depth = static_cast<std::size_t>(tree_.max_depth());
 
       // 2. score the whole tree in one forward
-      t0 = std::chrono::steady_clock::now();
       std::size_t const n = tree_.size();
       positions_.resize(n);
       for (std::size_t i = 0; i < n; ++i)
@@ -245,19 +263,17 @@ class speculative_decoder {
       }
       if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
       target.forward(req, fwd_);
-      step.score_seconds = detail::seconds_since(t0);
+      step.score_seconds = timer.lap();
 
       // 3. verify (the tree's rows come first; auxiliary rows follow)
-      t0 = std::chrono::steady_clock::now();
       matrix_view<float const> const tree_logits = fwd_.logits_view().subrows(0, n);
       verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_);
-      step.verify_seconds = detail::seconds_since(t0);
+      step.verify_seconds = timer.lap();
       SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
                     "speculative_decoder: the verifier returned ", result_.tokens.size(),
                     " tokens for ", result_.accepted_nodes.size(), " accepted nodes");
 
       // 4. commit
-      t0 = std::chrono::steady_clock::now();
       std::size_t const m = result_.num_accepted();
       bool prefix_of_chain = true;
       for (std::size_t i = 0; i < m; ++i) {
@@ -289,7 +305,7 @@ class speculative_decoder {
       for (token_id tok : result_.tokens)
         if (sink_.emit(tok)) break;
       step.emitted = sink_.emitted() - emitted_before;
-      step.commit_seconds = detail::seconds_since(t0);
+      step.commit_seconds = timer.lap();
       out.stats.add(step);
     }
     out.stats.total_seconds = detail::seconds_since(request_start);
