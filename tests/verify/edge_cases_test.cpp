@@ -456,3 +456,39 @@ TEST_CASE("q rows the walk uses are validated; unreached ones are not read") {
   CHECK(out.num_accepted() == 0);
   CHECK(rng.offset() == 3);
 }
+
+TEST_CASE("a negative or NaN q entry is found wherever it sits in the row") {
+  // 200 entries: three full 64-entry blocks of the vectorised check and a tail of 8.
+  constexpr std::size_t vocab = 200;
+  sampler const policy = temperature_one();
+  std::vector<token_id> const history{0};
+  std::vector<float> const logits(3 * vocab, 0.0f);
+  specdec::speculative_sampling_verifier s;
+  verify_result out;
+  for (std::size_t at : {std::size_t{0}, std::size_t{17}, std::size_t{64}, std::size_t{133},
+                         std::size_t{191}, std::size_t{192}, std::size_t{199}}) {
+    for (bool nan : {false, true}) {
+      std::vector<float> q(vocab, 1.0f / static_cast<float>(vocab));
+      auto tree = chain_with_q(0, {1, 2}, q);
+      std::size_t const other = at == 5 ? 6 : 5;
+      if (nan) {
+        tree.q_row(0)[at] = std::numeric_limits<float>::quiet_NaN();
+      } else {
+        float const was = tree.q_row(0)[at];
+        tree.q_row(0)[at] = -0.25f;  // moved elsewhere: the sum stays 1
+        tree.q_row(0)[other] += 0.25f + was;
+      }
+      philox rng(4);
+      CAPTURE(at);
+      CAPTURE(nan);
+      CHECK(code_of([&] { s.verify(tree, view(logits, vocab), policy, history, rng, out); }) ==
+            errc::numerical);
+      CHECK(rng.offset() == 0);
+    }
+  }
+  // The same row without the bad entry passes.
+  std::vector<float> const q(vocab, 1.0f / static_cast<float>(vocab));
+  philox rng(4);
+  s.verify(chain_with_q(0, {1, 2}, q), view(logits, vocab), policy, history, rng, out);
+  CHECK(rng.offset() == 3);
+}

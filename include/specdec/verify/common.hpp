@@ -270,16 +270,16 @@ inline void check_q_row(std::span<float const> q, char const* who, node_index no
   std::size_t const n = q.size();
   auto const raw = [d](std::size_t j) { return d[j]; };
   double sum = 0.0;
-  float low = 0.0f;
+  // The minimum with zero (only a negative entry matters), in 16 lanes reduced once at the end.
+  float m[16] = {};
   std::size_t i = 0;
   for (; i + reduce_block <= n; i += reduce_block) {
     sum += static_cast<double>(block_sum(i, raw));
-    float m[16];
-    for (std::size_t l = 0; l < 16; ++l) m[l] = d[i + l];
-    for (std::size_t j = 16; j < reduce_block; j += 16)
+    for (std::size_t j = 0; j < reduce_block; j += 16)
       for (std::size_t l = 0; l < 16; ++l) m[l] = d[i + j + l] < m[l] ? d[i + j + l] : m[l];
-    for (std::size_t l = 0; l < 16; ++l) low = m[l] < low ? m[l] : low;
   }
+  float low = 0.0f;
+  for (std::size_t l = 0; l < 16; ++l) low = m[l] < low ? m[l] : low;
   for (; i < n; ++i) {
     sum += static_cast<double>(d[i]);
     low = d[i] < low ? d[i] : low;
