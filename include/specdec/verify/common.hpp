@@ -48,15 +48,28 @@ inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 //! that matters to a draw.
 inline constexpr std::size_t reduce_block = 64;
 
-//! Sum of w(base) .. w(base + 63): 16 float lanes combined in a fixed order.
+//! Sum of w(base) .. w(base + 63): 16 float lanes (lane l sums entries l, l + 16, l + 32, l + 48
+//! in that order), combined by the fixed tree l += l + 8, then l + 4, l + 2, l + 1. The lanes
+//! are one vector and the tree is vector halves added together (the same additions in the same
+//! order as an array of lanes; an array is combined through memory, one scalar at a time).
 template <class W>
 [[nodiscard]] inline float block_sum(std::size_t base, W const& w) noexcept {
-  float acc[16] = {};
-  for (std::size_t i = 0; i < reduce_block; i += 16)
-    for (std::size_t l = 0; l < 16; ++l) acc[l] += w(base + i + l);
-  for (std::size_t width = 8; width > 0; width /= 2)
-    for (std::size_t l = 0; l < width; ++l) acc[l] += acc[l + width];
-  return acc[0];
+  using f16 = float __attribute__((vector_size(16 * sizeof(float))));
+  using f8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using f4 = float __attribute__((vector_size(4 * sizeof(float))));
+  using f2 = float __attribute__((vector_size(2 * sizeof(float))));
+  f16 acc = f16{};
+  for (std::size_t i = 0; i < reduce_block; i += 16) {
+    f16 x;
+    for (std::size_t l = 0; l < 16; ++l) x[l] = w(base + i + l);
+    acc += x;
+  }
+  f8 const t8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
+  f4 const t4 =
+      __builtin_shufflevector(t8, t8, 0, 1, 2, 3) + __builtin_shufflevector(t8, t8, 4, 5, 6, 7);
+  f2 const t2 = __builtin_shufflevector(t4, t4, 0, 1) + __builtin_shufflevector(t4, t4, 2, 3);
+  return t2[0] + t2[1];
 }
 
 //! Sum of w(0) .. w(n - 1): blocks of `reduce_block` in float, accumulated in double.
