@@ -1,7 +1,7 @@
 #pragma once
 // The string values of one field in a JSON Lines file such as the fixture's
-// tinystories_prompts.jsonl, for the benchmarks: each line's `"key": "..."`, with the escapes
-// \n, \t, \uXXXX (as UTF-8, basic plane) and \<c> (c itself) decoded.
+// tinystories_prompts.jsonl, for the benchmarks and the decoder tests' fixture: each line's `"key":
+// "..."`, with the escapes \n, \t, \uXXXX (as UTF-8, basic plane) and \<c> (c itself) decoded.
 
 #include <cstddef>
 #include <filesystem>

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../../benchmarks/jsonl.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
@@ -99,47 +100,10 @@ inline std::vector<specdec::token_id> reference_ids() {
 }
 
 // The `key` string field of every line of tinystories_prompts.jsonl that has one ("prompt",
-// "story"; a minimal reader of one field: JSON string escapes \" \\ \n \t \uXXXX are decoded).
+// "story"; escapes decoded by the benchmarks' JSONL reader); the set has 14 lines.
 inline std::vector<std::string> tinystories_field(char const* key) {
-  std::ifstream in(require_file("SPECDEC_DATA_DIR", "tinystories_prompts.jsonl"));
-  std::string const quoted = std::string("\"") + key + "\"";
-  std::vector<std::string> values;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::size_t const at = line.find(quoted);
-    if (at == std::string::npos) continue;
-    std::size_t i = line.find('"', line.find(':', at) + 1) + 1;
-    std::string s;
-    while (i < line.size() && line[i] != '"') {
-      char c = line[i++];
-      if (c == '\\' && i < line.size()) {
-        char const e = line[i++];
-        if (e == 'n') {
-          c = '\n';
-        } else if (e == 't') {
-          c = '\t';
-        } else if (e == 'u' && i + 4 <= line.size()) {
-          unsigned const cp = static_cast<unsigned>(std::stoul(line.substr(i, 4), nullptr, 16));
-          i += 4;
-          if (cp < 0x80) {
-            s += static_cast<char>(cp);
-          } else if (cp < 0x800) {
-            s += static_cast<char>(0xC0 | (cp >> 6));
-            s += static_cast<char>(0x80 | (cp & 0x3F));
-          } else {
-            s += static_cast<char>(0xE0 | (cp >> 12));
-            s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            s += static_cast<char>(0x80 | (cp & 0x3F));
-          }
-          continue;
-        } else {
-          c = e;
-        }
-      }
-      s += c;
-    }
-    values.push_back(s);
-  }
+  std::vector<std::string> values =
+      bench::jsonl_strings(require_file("SPECDEC_DATA_DIR", "tinystories_prompts.jsonl"), key);
   REQUIRE(values.size() == 14);
   return values;
 }
