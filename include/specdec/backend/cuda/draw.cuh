@@ -337,7 +337,6 @@ __global__ void __launch_bounds__(256) row_expsum_kernel(row_stats_params p) {
     if (threadIdx.x == 0) p.scratch.chunk_sum[base + c] = 0.0;
     return;
   }
-  float const* const z = stage - lo;  // z[i] for i in [lo, hi)
   std::int32_t const n16 = p.vocab - p.vocab % host_row_lanes;
   std::int32_t const lane = static_cast<std::int32_t>(threadIdx.x) & 15;
   std::int32_t const group = static_cast<std::int32_t>(threadIdx.x) >> 4;
@@ -351,7 +350,7 @@ __global__ void __launch_bounds__(256) row_expsum_kernel(row_stats_params p) {
     if (active) {
       std::int32_t const stop = min(start + host_row_block, n16);
       for (std::int32_t i = start + lane; i < stop; i += host_row_lanes)
-        acc = __fadd_rn(acc, exp_shifted1(z[i], m, p.inv_temperature));
+        acc = __fadd_rn(acc, exp_shifted1(stage[i - lo], m, p.inv_temperature));
     }
     double block = 0.0;
     for (int j = 0; j < host_row_lanes; ++j)
@@ -359,7 +358,7 @@ __global__ void __launch_bounds__(256) row_expsum_kernel(row_stats_params p) {
     if (active && lane == 0) total += block;
   }
   for (std::int32_t i = max(lo, n16) + static_cast<std::int32_t>(threadIdx.x); i < hi; i += 256)
-    total += static_cast<double>(exp_shifted1(z[i], m, p.inv_temperature));
+    total += static_cast<double>(exp_shifted1(stage[i - lo], m, p.inv_temperature));
   total = block_sum(total, dscratch);
   if (threadIdx.x == 0) p.scratch.chunk_sum[base + c] = total;
 }
