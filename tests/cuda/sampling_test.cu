@@ -128,6 +128,16 @@ TEST_CASE("cuda softmax flags NaN and +inf rows") {
   CHECK(f[2] == 0);
   p.vocab = 0;
   CHECK_FALSE(specdec::cuda::launch_softmax(p, dp.data(), 111, flags.data(), nullptr).ok());
+  // Chunk plans the row kernels cannot take: more chunks than the row has blocks of 512 entries
+  // (the scratch holds that many per row), and chunks larger than the shared-memory stage.
+  p.vocab = 111;
+  specdec::cuda::row_stats_params bad = p;
+  bad.plan = specdec::cuda::chunk_plan{512, 2};
+  CHECK(specdec::cuda::launch_row_stats(bad, nullptr).code ==
+        specdec::cuda::status::invalid_argument);
+  bad.plan = specdec::cuda::chunk_plan{2 * specdec::cuda::max_blocks_per_chunk * 512, 1};
+  CHECK(specdec::cuda::launch_row_stats(bad, nullptr).code ==
+        specdec::cuda::status::invalid_argument);
 }
 
 TEST_CASE("cuda distribution equals sampler::distribution for every policy step") {
