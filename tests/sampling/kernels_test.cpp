@@ -1,8 +1,9 @@
 // The row kernels' fast passes give bit for bit what their plain definitions give: the block
 // sums of sample_from against one sum_double per block, the four-set row maximum against the
-// one-set ordered maximum (signed zeros included), the exp pass without the top-k test against
-// the pass with it at -inf, the vector `any` against a lane loop, and the one-pass history check
-// against the documented errors.
+// one-set ordered maximum (signed zeros included), the exp pass without the top-k test or the
+// multiplication against the general pass, the vector exp against the scalar one, the vector
+// `any` against a lane loop, the validation sum, and the one-pass history check against the
+// documented errors.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -172,7 +173,10 @@ TEST_CASE("summarize_row still names the first NaN or +inf of a row of any size"
   }
 }
 
-TEST_CASE("the exp pass without the top-k test equals the pass with it at -inf, bit for bit") {
+TEST_CASE("the exp pass without the top-k test or the multiplication equals the general pass") {
+  // The general pass (top-k test, multiplication by the scale) is the definition; the pass
+  // without the test at zfloor = -inf and the pass without the multiplication at scale 1 must give
+  // the same bits.
   std::mt19937_64 gen(25);
   for (std::size_t n : sizes) {
     for (auto kind : {sampling_test::row_kind::peaked, sampling_test::row_kind::neg_inf,
@@ -180,24 +184,112 @@ TEST_CASE("the exp pass without the top-k test equals the pass with it at -inf, 
       std::vector<float> const z = sampling_test::make_row(kind, n, gen);
       float const zmax = sd::detail::summarize_row(z, "test").max;
       for (float scale : {1.0f, 1.0f / 0.7f, 4.0f}) {
-        std::vector<float> a(n), b(n);
-        auto const sa = sd::detail::exp_masked_pass<true, false>(z.data(), a.data(), n, zmax, scale,
-                                                                 ninf, 0.01f);
-        auto const sb = sd::detail::exp_masked_pass<true, true>(z.data(), b.data(), n, zmax, scale,
-                                                                ninf, 0.01f);
+        std::vector<float> ref(n), b(n);
+        auto const sr = sd::detail::exp_masked_pass<true, true, true>(z.data(), ref.data(), n, zmax,
+                                                                      scale, ninf, 0.01f);
+        auto const same_as_ref = [&](sd::detail::exp_sums const& sb) {
+          bool equal =
+              same_bits(sr.total, sb.total) && same_bits(sr.at_least_floor, sb.at_least_floor);
+          for (std::size_t i = 0; i < n; ++i) equal = equal && same_bits(ref[i], b[i]);
+          return equal;
+        };
         INFO("n ", n, " kind ", sampling_test::name(kind), " scale ", scale);
-        CHECK(same_bits(sa.total, sb.total));
-        CHECK(same_bits(sa.at_least_floor, sb.at_least_floor));
-        bool equal = true;
-        for (std::size_t i = 0; i < n; ++i) equal = equal && same_bits(a[i], b[i]);
-        CHECK(equal);
-        // The dispatching entry point takes the unmasked pass at -inf.
+        CHECK(same_as_ref(sd::detail::exp_masked_pass<true, false, true>(
+            z.data(), b.data(), n, zmax, scale, ninf, 0.01f)));
+        if (scale == 1.0f) {
+          CHECK(same_as_ref(sd::detail::exp_masked_pass<true, true, false>(
+              z.data(), b.data(), n, zmax, scale, ninf, 0.01f)));
+          CHECK(same_as_ref(sd::detail::exp_masked_pass<true, false, false>(
+              z.data(), b.data(), n, zmax, scale, ninf, 0.01f)));
+        }
+        // The dispatching entry point picks one of them.
         auto const sc =
-            sd::detail::exp_masked<false>(z.data(), b.data(), n, zmax, scale, ninf, 0.0f);
-        CHECK(same_bits(sc.total, sa.total));
+            sd::detail::exp_masked<true>(z.data(), b.data(), n, zmax, scale, ninf, 0.01f);
+        CHECK(same_as_ref(sc));
       }
     }
   }
+}
+
+TEST_CASE("the vector exp equals the scalar exp lane by lane, limits and -inf included") {
+  // The vector form computes er * 2^n and the zero below the limit differently where the
+  // instruction set allows (one scaling instruction); the values must not change.
+  constexpr std::size_t w = sd::detail::simd_width;
+  std::vector<float> xs;
+  for (std::int64_t b = std::bit_cast<std::int32_t>(-0.0f);
+       b <= std::bit_cast<std::int32_t>(-88.5f); b += 1021)
+    xs.push_back(std::bit_cast<float>(static_cast<std::int32_t>(b)));
+  for (float x :
+       {0.0f, -0.0f, sd::detail::exp_lower_limit, std::nextafter(sd::detail::exp_lower_limit, 0.0f),
+        std::nextafter(sd::detail::exp_lower_limit, -1.0f), -87.0f, -88.0f, -1e30f,
+        -std::numeric_limits<float>::max(), ninf, -std::numeric_limits<float>::min()})
+    xs.push_back(x);
+  while (xs.size() % w != 0) xs.push_back(-1.0f);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < xs.size(); i += w) {
+    float out[w];
+    sd::detail::store(out, sd::detail::exp_nonpositive(sd::detail::load(xs.data() + i)));
+    for (std::size_t j = 0; j < w; ++j)
+      differ += same_bits(out[j], sd::detail::exp_nonpositive(xs[i + j])) ? 0 : 1;
+  }
+  CHECK(differ == 0);
+}
+
+TEST_CASE("sum_checked sums any row and flags negative and NaN entries wherever they are") {
+  std::mt19937_64 gen(29);
+  for (std::size_t n : sizes) {
+    std::vector<float> p = weights_row(n, gen);
+    for (float& v : p) v = std::abs(v);
+    double exact = 0.0;
+    for (float v : p) exact += static_cast<double>(v);
+    bool bad = true;
+    double const s = sd::detail::sum_checked(p.data(), n, bad);
+    INFO("n ", n);
+    CHECK_FALSE(bad);
+    CHECK(std::abs(s - exact) <= 1e-6 * exact + 1e-30);
+    for (std::size_t at : {std::size_t{0}, n / 3, n / 2, n - 1}) {
+      for (float poison : {-1e-30f, -0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<float> q = p;
+        q[at] = poison;
+        bad = false;
+        (void)sd::detail::sum_checked(q.data(), n, bad);
+        INFO("at ", at, " value ", poison);
+        CHECK(bad);
+      }
+      std::vector<float> q = p;
+      q[at] = std::numeric_limits<float>::infinity();
+      bad = false;
+      CHECK(std::isinf(sd::detail::sum_checked(q.data(), n, bad)));
+    }
+    // -0 is not negative.
+    std::vector<float> z(n, -0.0f);
+    bad = true;
+    CHECK(sd::detail::sum_checked(z.data(), n, bad) == 0.0);
+    CHECK_FALSE(bad);
+  }
+}
+
+TEST_CASE("reduce_lanes, positive_part and select_index") {
+  constexpr std::size_t w = sd::detail::simd_width;
+  float lanes[w];
+  for (std::size_t j = 0; j < w; ++j) lanes[j] = static_cast<float>((j * 7) % w) - 3.0f;
+  sd::detail::vfloat const v = sd::detail::load(lanes);
+  float sum = 0.0f, mx = ninf;
+  for (float x : lanes) {
+    sum += x;
+    mx = std::max(mx, x);
+  }
+  CHECK(sd::detail::reduce_lanes(v, [](auto a, auto b) { return a + b; }) == sum);
+  CHECK(sd::detail::reduce_lanes(v, [](auto a, auto b) { return b > a ? b : a; }) == mx);
+  CHECK(sd::detail::positive_part(2.5f) == 2.5f);
+  CHECK(sd::detail::positive_part(-2.5f) == 0.0f);
+  CHECK(sd::detail::positive_part(-0.0f) == 0.0f);
+  CHECK(sd::detail::positive_part(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(sd::detail::positive_part(1e-40f) == 1e-40f);
+  CHECK(sd::detail::select_index(true, 3, 9) == 3);
+  CHECK(sd::detail::select_index(false, 3, 9) == 9);
+  CHECK(sd::detail::select_index(true, static_cast<std::size_t>(-1), 0) ==
+        static_cast<std::size_t>(-1));
 }
 
 TEST_CASE("any tests every lane of a mask") {

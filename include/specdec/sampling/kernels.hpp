@@ -26,7 +26,7 @@
 #error "specdec/sampling needs the GCC / Clang vector extensions (g++ 12+ or clang++ 14+)"
 #endif
 
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE4_1__)
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 
@@ -94,6 +94,58 @@ inline constexpr std::size_t row_block = 512;
 #endif
 }
 
+//! The lanes of `v` (a `vfloat`) combined by `op` as a pairwise tree of vector halves (lane l with
+//! lane l + simd_width / 2, then l + simd_width / 4, ...), without a round trip through memory.
+template <class V, class Op>
+[[nodiscard, gnu::always_inline]] inline float reduce_lanes(V v, Op op) noexcept {
+  using f8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using f4 = float __attribute__((vector_size(4 * sizeof(float))));
+  using f2 = float __attribute__((vector_size(2 * sizeof(float))));
+  constexpr std::size_t width = sizeof(V) / sizeof(float);
+  static_assert(width == 16 || width == 8 || width == 4);
+  f4 t4;
+  if constexpr (width == 16) {
+    f8 const t8 = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                     __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+    t4 = op(__builtin_shufflevector(t8, t8, 0, 1, 2, 3),
+            __builtin_shufflevector(t8, t8, 4, 5, 6, 7));
+  } else if constexpr (width == 8) {
+    t4 = op(__builtin_shufflevector(v, v, 0, 1, 2, 3), __builtin_shufflevector(v, v, 4, 5, 6, 7));
+  } else {
+    t4 = v;
+  }
+  f2 const t2 = op(__builtin_shufflevector(t4, t4, 0, 1), __builtin_shufflevector(t4, t4, 2, 3));
+  return op(t2, __builtin_shufflevector(t2, t2, 1, 0))[0];
+}
+
+//! max(x, 0) without a branch (x not NaN): x where x > 0, else a zero (its sign unspecified:
+//! the callers add it to a non-negative sum, which it leaves unchanged).
+[[nodiscard, gnu::always_inline]] inline float positive_part(float x) noexcept {
+#if defined(__SSE__)
+  return _mm_cvtss_f32(_mm_max_ss(_mm_set_ss(x), _mm_setzero_ps()));
+#else
+  return x > 0.0f ? x : 0.0f;
+#endif
+}
+
+//! Makes `x` opaque to the optimiser (no instruction): a select computing it is then not merged
+//! into the branches of later tests on it.
+[[gnu::always_inline]] inline void opaque(float& x) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+x"(x));
+#elif defined(__aarch64__)
+  asm("" : "+w"(x));
+#else
+  (void)x;
+#endif
+}
+
+//! `keep ? a : b` for indices, without a branch.
+[[nodiscard, gnu::always_inline]] inline std::size_t select_index(bool keep, std::size_t a,
+                                                                  std::size_t b) noexcept {
+  return b ^ ((a ^ b) & (std::size_t{0} - static_cast<std::size_t>(keep)));
+}
+
 //! Inputs below this give an exp below the smallest normal float; `exp_nonpositive` returns 0.
 inline constexpr float exp_lower_limit = -87.33654f;
 
@@ -114,10 +166,10 @@ template <class F>
   constexpr float ln2_hi = 0.693359375f;
   constexpr float ln2_lo = -2.12194440e-4f;
   constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  F const xc = x < exp_lower_limit ? bcast(exp_lower_limit) : x;
+  // The clamp is a maximum (one instruction; the same value, x not being NaN).
+  F const xc = x > exp_lower_limit ? x : bcast(exp_lower_limit);
   F const shifted = xc * log2e + round_magic;
   F const n = shifted - round_magic;
-  I const ni = std::bit_cast<I>(shifted) - 0x4B400000;
   F const r = (xc - n * ln2_hi) - n * ln2_lo;
   F p = bcast(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
@@ -126,6 +178,23 @@ template <class F>
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   F const er = (p * r) * r + r + 1.0f;
+#if defined(__AVX512F__)
+  if constexpr (!std::is_same_v<F, float> && simd_width == 16) {
+    // er * 2^n, zero below the limit, in one instruction: scaling by a power of two rounds the
+    // exact product once, as the multiplication by 2^n below does (n >= -126: 2^n is normal).
+    __m512 e, k;
+    __builtin_memcpy(&e, &er, sizeof e);
+    __builtin_memcpy(&k, &n, sizeof k);
+    __m512 xv;
+    __builtin_memcpy(&xv, &x, sizeof xv);
+    __mmask16 const keep = _mm512_cmp_ps_mask(xv, _mm512_set1_ps(exp_lower_limit), _CMP_NLT_US);
+    __m512 const y = _mm512_maskz_scalef_ps(keep, e, k);
+    F out;
+    __builtin_memcpy(&out, &y, sizeof out);
+    return out;
+  }
+#endif
+  I const ni = std::bit_cast<I>(shifted) - 0x4B400000;
   F const scale = std::bit_cast<F>((ni + 127) << 23);
   F const y = er * scale;
   return x < exp_lower_limit ? bcast(0.0f) : y;
@@ -227,14 +296,11 @@ struct row_summary {
     }
     bad_lanes |= nan[0][v];
   }
-  // The lanes by a pairwise tree (short dependency chains).
-  float lanes[row_lanes];
-  __builtin_memcpy(lanes, mx[0], sizeof lanes);
-  for (std::size_t h = row_lanes / 2; h >= 1; h /= 2)
-    for (std::size_t l = 0; l < h; ++l)
-      lanes[l] = lanes[l + h] > lanes[l] ? lanes[l + h] : lanes[l];
+  // The lanes by a pairwise tree of vector halves (short dependency chains).
+  auto const vmax = [](auto a, auto b) { return b > a ? b : a; };
+  for (std::size_t v = 1; v < row_vectors; ++v) mx[0][0] = vmax(mx[0][0], mx[0][v]);
   row_summary s;
-  s.max = lanes[0];
+  s.max = reduce_lanes(mx[0][0], vmax);
   bool bad = any(bad_lanes);
   for (std::size_t i = full; i < n; ++i) {
     s.max = x[i] > s.max ? x[i] : s.max;
@@ -255,7 +321,7 @@ struct exp_sums {
 
 //! `exp_masked`, with the test against `zfloor` only when `Masked` (without it, every entry is
 //! written as if it passed, which is what the test gives for zfloor = -inf on NaN-free rows).
-template <bool WithFloor, bool Masked>
+template <bool WithFloor, bool Masked, bool Scaled>
 [[nodiscard]] inline exp_sums exp_masked_pass(float const* x, float* out, std::size_t n,
                                               float shift, float scale, float zfloor,
                                               float efloor) noexcept {
@@ -272,7 +338,9 @@ template <bool WithFloor, bool Masked>
     for (; i < stop; i += row_lanes) {
       for (std::size_t v = 0; v < row_vectors; ++v) {
         vfloat const a = load(x + i + v * simd_width);
-        vfloat e = exp_nonpositive((a - vshift) * vscale);
+        vfloat d = a - vshift;
+        if constexpr (Scaled) d *= vscale;
+        vfloat e = exp_nonpositive(d);
         if constexpr (Masked) e = a >= vzfloor ? e : zero;
         store(out + i + v * simd_width, e);
         acc[v] += e;
@@ -291,7 +359,9 @@ template <bool WithFloor, bool Masked>
   }
   for (; i < n; ++i) {
     float const a = x[i];
-    float e = exp_nonpositive((a - shift) * scale);
+    float d = a - shift;
+    if constexpr (Scaled) d *= scale;
+    float e = exp_nonpositive(d);
     if constexpr (Masked) e = a >= zfloor ? e : 0.0f;
     out[i] = e;
     s.total += static_cast<double>(e);
@@ -304,13 +374,19 @@ template <bool WithFloor, bool Masked>
 //! sum of the written values (and, with `WithFloor`, the sum of those >= efloor), accumulated in
 //! float over blocks of `row_block` and in double across blocks. Requires x[i] - shift <= 0 (or
 //! -inf), scale > 0 finite, no NaN. `out` may be `x` itself. With zfloor = -inf (no top-k) the
-//! pass skips the test, which every entry passes.
+//! pass skips the test, which every entry passes; with scale = 1 it skips the multiplication,
+//! which leaves every value as it is.
 template <bool WithFloor>
 [[nodiscard]] inline exp_sums exp_masked(float const* x, float* out, std::size_t n, float shift,
                                          float scale, float zfloor, float efloor) noexcept {
-  if (zfloor == -std::numeric_limits<float>::infinity())
-    return exp_masked_pass<WithFloor, false>(x, out, n, shift, scale, zfloor, efloor);
-  return exp_masked_pass<WithFloor, true>(x, out, n, shift, scale, zfloor, efloor);
+  bool const masked = zfloor != -std::numeric_limits<float>::infinity();
+  if (scale == 1.0f) {
+    return masked
+               ? exp_masked_pass<WithFloor, true, false>(x, out, n, shift, scale, zfloor, efloor)
+               : exp_masked_pass<WithFloor, false, false>(x, out, n, shift, scale, zfloor, efloor);
+  }
+  return masked ? exp_masked_pass<WithFloor, true, true>(x, out, n, shift, scale, zfloor, efloor)
+                : exp_masked_pass<WithFloor, false, true>(x, out, n, shift, scale, zfloor, efloor);
 }
 
 //! Writes out[i] = exp((x[i] - shift) * scale) for every i and returns the sum of the written
@@ -391,6 +467,41 @@ using vfloat_half = float __attribute__((vector_size(simd_width * sizeof(float) 
   for (std::size_t k = full; k < n; ++k) {
     total += static_cast<double>(x[k]);
     any_bad = any_bad || !(x[k] >= 0.0f);
+  }
+  bad = any_bad;
+  return total;
+}
+
+//! Sum of x[0..n) for validation (not bit-compatible with any other sum here): float over
+//! `row_lanes` lanes in four independent sets within blocks of `row_block` entries, double
+//! across blocks; `bad` is set when an entry is negative or NaN (+inf makes the sum +inf).
+[[nodiscard]] inline double sum_checked(float const* x, std::size_t n, bool& bad) noexcept {
+  constexpr std::size_t sets = 4;
+  constexpr std::size_t stride = sets * row_lanes;
+  static_assert(row_block % stride == 0);
+  vfloat const zero = splat(0.0f);
+  vint negative = vint{};
+  double total = 0.0;
+  std::size_t i = 0;
+  std::size_t const wide = n - n % stride;
+  while (i < wide) {
+    vfloat acc[sets * row_vectors];
+    for (vfloat& a : acc) a = zero;
+    std::size_t const stop = std::min(wide, i + row_block);
+    for (; i < stop; i += stride) {
+      for (std::size_t v = 0; v < sets * row_vectors; ++v) {
+        vfloat const a = load(x + i + v * simd_width);
+        negative |= ~(a >= zero);  // negative or NaN
+        acc[v] += a;
+      }
+    }
+    for (std::size_t v = 1; v < sets * row_vectors; ++v) acc[0] += acc[v];
+    total += static_cast<double>(reduce_lanes(acc[0], [](auto a, auto b) { return a + b; }));
+  }
+  bool any_bad = any(negative);
+  for (; i < n; ++i) {
+    total += static_cast<double>(x[i]);
+    any_bad = any_bad || !(x[i] >= 0.0f);
   }
   bad = any_bad;
   return total;

@@ -31,11 +31,11 @@ inline constexpr std::size_t sample_stack_blocks = 2048;
   double c = running;
   std::size_t last_positive = start;
   for (std::size_t i = start; i < start + len; ++i) {
-    if (p[i] > 0.0f) {
-      c += static_cast<double>(p[i]);
-      last_positive = i;
-      if (c > target) return static_cast<token_id>(i);
-    }
+    // Branch-free on the sign (truncated rows mix zeros and positives): a zero added to the
+    // running sum leaves it unchanged, so it cannot cross.
+    c += static_cast<double>(positive_part(p[i]));
+    last_positive = select_index(p[i] > 0.0f, i, last_positive);
+    if (c > target) return static_cast<token_id>(i);
   }
   // The block sum (lane order) crossed but the sequential scan fell short by rounding.
   return static_cast<token_id>(last_positive);

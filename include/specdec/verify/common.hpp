@@ -37,6 +37,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
+#include "specdec/sampling/kernels.hpp"
 
 namespace specdec::detail {
 
@@ -72,29 +73,49 @@ template <class W>
   return t2[0] + t2[1];
 }
 
-//! Sum of w(0) .. w(n - 1): blocks of `reduce_block` in float, accumulated in double.
+//! Whole blocks whose sums a draw keeps on the stack (8 KiB) for its scan: rows up to
+//! 2048 * 64 = 131072 entries; longer rows recompute the sums they scan past.
+inline constexpr std::size_t kept_block_sums = 2048;
+
+//! Block sums kept by a draw between its total and its scan (`sums` is null for longer rows).
+struct kept_sums {
+  float buf[kept_block_sums];
+  float* sums = nullptr;
+  explicit kept_sums(std::size_t n) noexcept {
+    if (n / reduce_block <= kept_block_sums) sums = buf;
+  }
+};
+
+//! Sum of w(0) .. w(n - 1): blocks of `reduce_block` in float, accumulated in double. Writes
+//! each whole block's sum to `sums[b]` when `sums` is not null.
 template <class W>
-[[nodiscard]] inline double weight_sum(std::size_t n, W const& w) noexcept {
+[[nodiscard]] inline double weight_sum(std::size_t n, W const& w, float* sums = nullptr) noexcept {
   double total = 0.0;
   std::size_t i = 0;
-  for (; i + reduce_block <= n; i += reduce_block) total += static_cast<double>(block_sum(i, w));
+  for (; i + reduce_block <= n; i += reduce_block) {
+    float const b = block_sum(i, w);
+    if (sums != nullptr) sums[i / reduce_block] = b;
+    total += static_cast<double>(b);
+  }
   for (; i < n; ++i) total += static_cast<double>(w(i));
   return total;
 }
 
 //! The inverse-CDF scan: the first index i, not in `excluded` (ascending, unique), with
 //! w(i) > 0 whose running sum exceeds u * total; `no_index` when no index qualifies. Blocks of 64
-//! are skipped on their sums; the block where the sum crosses is walked element by element.
+//! are skipped on their sums (read from `sums` when not null: what `weight_sum` wrote for the same
+//! weights); the block where the sum crosses is walked element by element.
 template <class W>
 [[nodiscard]] inline std::size_t scan_weights(std::size_t n, double total, float u, W const& w,
-                                              std::span<token_id const> excluded = {}) noexcept {
+                                              std::span<token_id const> excluded = {},
+                                              float const* sums = nullptr) noexcept {
   constexpr std::size_t block = reduce_block;
   double const target = static_cast<double>(u) * total;
   double cum = 0.0;
   std::size_t i = 0;
   std::size_t e = 0;  // first excluded index >= i
   for (; i + block <= n; i += block) {
-    double b = static_cast<double>(block_sum(i, w));
+    double b = static_cast<double>(sums != nullptr ? sums[i / block] : block_sum(i, w));
     std::size_t e_end = e;
     while (e_end < excluded.size() && static_cast<std::size_t>(excluded[e_end]) < i + block) {
       float const x = w(static_cast<std::size_t>(excluded[e_end]));
@@ -111,12 +132,13 @@ template <class W>
       ++e;
       continue;
     }
-    float const x = w(i);
-    if (x > 0.0f) {
-      last_positive = i;
-      cum += static_cast<double>(x);
-      if (cum > target) return i;
-    }
+    // Branch-free on the sign (residual rows mix zeros and positives unpredictably): a zero
+    // added to the running sum leaves it unchanged, so it cannot cross.
+    float x = w(i);
+    opaque(x);  // so that the weight's own clamp is not turned into a branch
+    last_positive = select_index(x > 0.0f, i, last_positive);
+    cum += static_cast<double>(positive_part(x));
+    if (cum > target) return i;
   }
   if (last_positive != no_index) return last_positive;
   // The crossing block was entered on a rounding artefact and held nothing positive: search back.
@@ -141,11 +163,12 @@ inline void check_probability(float v, char const* who, char const* what, node_i
                                         node_index node) {
   float const* const data = p.data();
   auto const w = [data](std::size_t j) { return data[j]; };
-  double const total = weight_sum(p.size(), w);
+  kept_sums kept(p.size());
+  double const total = weight_sum(p.size(), w, kept.sums);
   SPECDEC_CHECK(std::isfinite(total) && total > 0.0, numerical, who,
                 ": the target distribution at node ", node, " sums to ", total,
                 " (NaN/Inf entries or no mass)");
-  std::size_t const i = scan_weights(p.size(), total, u, w);
+  std::size_t const i = scan_weights(p.size(), total, u, w, {}, kept.sums);
   SPECDEC_CHECK(i != no_index, numerical, who, ": the target distribution at node ", node,
                 " has no positive entry");
   return static_cast<token_id>(i);
@@ -158,14 +181,15 @@ inline void check_probability(float v, char const* who, char const* what, node_i
                                              char const* who, node_index node) {
   float const* const data = p.data();
   auto const w = [data](std::size_t j) { return data[j]; };
-  double total = weight_sum(p.size(), w);
+  kept_sums kept(p.size());
+  double total = weight_sum(p.size(), w, kept.sums);
   SPECDEC_CHECK(std::isfinite(total), numerical, who, ": the target distribution at node ", node,
                 " sums to ", total, " (NaN/Inf entries)");
   for (token_id t : excluded)
     if (p[static_cast<std::size_t>(t)] > 0.0f)
       total -= static_cast<double>(p[static_cast<std::size_t>(t)]);
   if (!(total > 0.0)) return no_token;
-  std::size_t const i = scan_weights(p.size(), total, u, w, excluded);
+  std::size_t const i = scan_weights(p.size(), total, u, w, excluded, kept.sums);
   return i == no_index ? no_token : static_cast<token_id>(i);
 }
 
@@ -175,10 +199,12 @@ inline void check_probability(float v, char const* who, char const* what, node_i
   return d < 0.0f ? 0.0f : d;
 }
 
-//! Sum of max(p - q, 0) in double. Throws `errc::numerical` when p or q hold NaN/Inf (a second
-//! sum, of p - q itself, catches what the clamp would hide).
+//! Sum of max(p - q, 0) in double (each whole block's float sum written to `sums[b]` when `sums`
+//! is not null). Throws `errc::numerical` when p or q hold NaN/Inf (a second sum, of p - q
+//! itself, catches what the clamp would hide).
 [[nodiscard]] inline double residual_total(std::span<float const> p, std::span<float const> q,
-                                           char const* who, node_index node) {
+                                           char const* who, node_index node,
+                                           float* sums = nullptr) {
   float const* pp = p.data();
   float const* qq = q.data();
   auto const w = [pp, qq](std::size_t j) { return residual_weight(pp[j], qq[j]); };
@@ -187,7 +213,9 @@ inline void check_probability(float v, char const* who, char const* what, node_i
   double total = 0.0, diff = 0.0;
   std::size_t i = 0;
   for (; i + reduce_block <= n; i += reduce_block) {
-    total += static_cast<double>(block_sum(i, w));
+    float const b = block_sum(i, w);
+    if (sums != nullptr) sums[i / reduce_block] = b;
+    total += static_cast<double>(b);
     diff += static_cast<double>(block_sum(i, d));
   }
   for (; i < n; ++i) {
@@ -203,12 +231,13 @@ inline void check_probability(float v, char const* who, char const* what, node_i
 //! speculative sampling). Throws `errc::numerical` on NaN/Inf or when p has no mass.
 [[nodiscard]] inline token_id draw_residual(std::span<float const> p, std::span<float const> q,
                                             float u, char const* who, node_index node) {
-  double const total = residual_total(p, q, who, node);
+  kept_sums kept(p.size());
+  double const total = residual_total(p, q, who, node, kept.sums);
   if (total > 0.0) {
     float const* const pp = p.data();
     float const* const qq = q.data();
     auto const w = [pp, qq](std::size_t j) { return residual_weight(pp[j], qq[j]); };
-    std::size_t const i = scan_weights(p.size(), total, u, w);
+    std::size_t const i = scan_weights(p.size(), total, u, w, {}, kept.sums);
     if (i != no_index) return static_cast<token_id>(i);
   }
   return draw_from(p, u, who, node);
@@ -277,27 +306,12 @@ inline void check_probability(float v, char const* who, char const* what, node_i
 }
 
 //! Checks a q row the way `draft_tree::validate` does (every entry finite and >= 0, the sum within
-//! 1e-3 of 1), in one vectorised pass. Throws `errc::numerical` naming the node.
+//! 1e-3 of 1), in one vectorised pass (`detail::sum_checked`). Throws `errc::numerical` naming
+//! the node.
 inline void check_q_row(std::span<float const> q, char const* who, node_index node) {
-  float const* const d = q.data();
-  std::size_t const n = q.size();
-  auto const raw = [d](std::size_t j) { return d[j]; };
-  double sum = 0.0;
-  // The minimum with zero (only a negative entry matters), in 16 lanes reduced once at the end.
-  float m[16] = {};
-  std::size_t i = 0;
-  for (; i + reduce_block <= n; i += reduce_block) {
-    sum += static_cast<double>(block_sum(i, raw));
-    for (std::size_t j = 0; j < reduce_block; j += 16)
-      for (std::size_t l = 0; l < 16; ++l) m[l] = d[i + j + l] < m[l] ? d[i + j + l] : m[l];
-  }
-  float low = 0.0f;
-  for (std::size_t l = 0; l < 16; ++l) low = m[l] < low ? m[l] : low;
-  for (; i < n; ++i) {
-    sum += static_cast<double>(d[i]);
-    low = d[i] < low ? d[i] : low;
-  }
-  SPECDEC_CHECK(std::isfinite(sum) && low >= 0.0f, numerical, who, ": q row ", node,
+  bool bad = false;
+  double const sum = sum_checked(q.data(), q.size(), bad);
+  SPECDEC_CHECK(!bad && std::isfinite(sum), numerical, who, ": q row ", node,
                 " has NaN/Inf or negative entries");
   SPECDEC_CHECK(std::abs(sum - 1.0) < 1e-3, numerical, who, ": q row ", node, " sums to ", sum,
                 ", not 1");
