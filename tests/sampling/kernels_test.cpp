@@ -269,6 +269,47 @@ TEST_CASE("sum_checked sums any row and flags negative and NaN entries wherever 
   }
 }
 
+TEST_CASE("first_crossing finds the sequential crossing, targets on and beside every sum") {
+  // The vector search must give the sequential loop's index in every case, in particular where
+  // the target equals a sequential running sum or sits one double step beside it (there the
+  // vector prefix sums, associated differently, may round to the other side and the search must
+  // hand over to the sequential loop).
+  std::mt19937_64 gen(31);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::size_t cases = 0, differ = 0;
+  for (int rep = 0; rep < 300; ++rep) {
+    std::size_t const len = rep % 10 == 9 ? 1 + static_cast<std::size_t>(rep) % 70 : 64;
+    std::vector<float> x = weights_row(len, gen);
+    if (rep % 3 == 1)  // a wide dynamic range: every addition rounds
+      for (float& v : x) v = v > 0.0f ? std::ldexp(v, static_cast<int>(uni(gen) * 60.0) - 40) : v;
+    double const running = rep % 4 == 0 ? 0.0 : uni(gen) * (rep % 4 == 3 ? 1e6 : 1.0);
+    std::vector<double> targets;
+    double c = running;
+    for (float v : x) {
+      c += static_cast<double>(v > 0.0f ? v : 0.0f);
+      targets.push_back(c);
+      targets.push_back(std::nextafter(c, 0.0));
+      targets.push_back(std::nextafter(c, 1e300));
+    }
+    for (int k = 0; k < 20; ++k) targets.push_back(running + (c - running) * uni(gen));
+    targets.push_back(running);
+    targets.push_back(c * 2.0 + 1.0);  // beyond every sum: no crossing
+    for (double t : targets) {
+      if (t < running) continue;
+      ++cases;
+      std::size_t const fast = sd::detail::first_crossing(x.data(), len, running, t);
+      std::size_t const slow = sd::detail::first_crossing_sequential(x.data(), len, running, t);
+      if (fast != slow) {
+        ++differ;
+        INFO("rep ", rep, " len ", len, " running ", running, " target ", t);
+        CHECK(fast == slow);
+      }
+    }
+  }
+  MESSAGE(cases, " targets, ", differ, " differ (the vector search runs with AVX-512 only)");
+  CHECK(differ == 0);
+}
+
 TEST_CASE("reduce_lanes, positive_part and select_index") {
   constexpr std::size_t w = sd::detail::simd_width;
   float lanes[w];

@@ -599,6 +599,69 @@ inline double block_sums_double(float const* x, std::size_t n, double* sums, boo
   return total;
 }
 
+//! The sequential definition of `first_crossing`: the first j in [0, len) at which
+//! c = running + w[0] + ... + w[j], added one entry at a time in double with w[j] = max(x[j], 0),
+//! exceeds `target`; `len` when none does.
+[[nodiscard]] inline std::size_t first_crossing_sequential(float const* x, std::size_t len,
+                                                           double running, double target) noexcept {
+  double c = running;
+  for (std::size_t j = 0; j < len; ++j) {
+    c += static_cast<double>(positive_part(x[j]));
+    if (c > target) return j;
+  }
+  return len;
+}
+
+//! Entries `first_crossing` searches with vectors (other runs take the sequential loop).
+inline constexpr std::size_t crossing_block = 64;
+
+//! `first_crossing_sequential` (the same index, always), for x[0..len) without NaN and
+//! 0 <= running <= target. With AVX-512, runs of `crossing_block` entries are searched with
+//! prefix sums in double vectors instead of one dependent addition per entry: with every weight
+//! non-negative, the sequential sums and the vector prefix sums (another association, at most 64
+//! roundings each) are both within 2^-47 of the exact sum, relative to it, so the first index
+//! whose prefix sum A has A * (1 + 2^-44) > target is the sequential answer when it also has
+//! A * (1 - 2^-44) > target (and a positive weight); when the crossing is not that clear (the
+//! target within about 2^-44 of a prefix sum) the sequential loop decides.
+[[nodiscard]] inline std::size_t first_crossing(float const* x, std::size_t len, double running,
+                                                double target) noexcept {
+#if defined(__AVX512F__)
+  if (len == crossing_block) {
+    constexpr double slack = 0x1p-44;
+    __m512d const zero = _mm512_setzero_pd();
+    __m512d const vt = _mm512_set1_pd(target);
+    __m512d const up = _mm512_set1_pd(1.0 + slack);
+    __m512d const down = _mm512_set1_pd(1.0 - slack);
+    auto const shift = [zero](__m512d a, auto lanes) {  // lanes up by `lanes`, zeros in
+      return _mm512_castsi512_pd(_mm512_maskz_alignr_epi64(
+          0xFF, _mm512_castpd_si512(a), _mm512_castpd_si512(zero), 8 - decltype(lanes)::value));
+    };
+    // The zero-masked forms with every lane selected are the plain instructions (the unmasked
+    // intrinsics trip GCC 12's -Wmaybe-uninitialized).
+    __m512d carry = _mm512_set1_pd(running);
+    for (std::size_t k = 0; k < crossing_block; k += 8) {
+      __m256 const xf = _mm256_max_ps(_mm256_loadu_ps(x + k), _mm256_setzero_ps());
+      __m512d a = _mm512_maskz_cvtps_pd(0xFF, xf);
+      a = _mm512_add_pd(a, shift(a, std::integral_constant<int, 1>{}));
+      a = _mm512_add_pd(a, shift(a, std::integral_constant<int, 2>{}));
+      a = _mm512_add_pd(a, shift(a, std::integral_constant<int, 4>{}));
+      a = _mm512_add_pd(a, carry);
+      __mmask8 const maybe = _mm512_cmp_pd_mask(_mm512_mul_pd(a, up), vt, _CMP_GT_OQ);
+      if (maybe != 0) {
+        __mmask8 const sure = _mm512_cmp_pd_mask(_mm512_mul_pd(a, down), vt, _CMP_GT_OQ);
+        auto const j = static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(maybe)));
+        if (((sure >> j) & 1) != 0 && x[k + j] > 0.0f) return k + j;
+        return first_crossing_sequential(x, len, running, target);
+      }
+      carry = _mm512_maskz_permutexvar_pd(0xFF, _mm512_set1_epi64(7), a);
+    }
+    // No prefix sum comes near the target, so no sequential sum (within the slack) crosses it.
+    return len;
+  }
+#endif
+  return first_crossing_sequential(x, len, running, target);
+}
+
 //! For each of the K thresholds th[k]: count[k] = #{i : x[i] >= th[k]} and, with `Mass`,
 //! mass[k] = sum of those x[i] (float within blocks of `row_block`, double across blocks).
 //! One vectorised pass over the row.

@@ -28,16 +28,13 @@ inline constexpr std::size_t sample_stack_blocks = 2048;
 //! first entry whose cumulative mass exceeds `target`; the block's own sum is known to cross it.
 [[nodiscard]] inline token_id sample_in_block(float const* p, std::size_t start, std::size_t len,
                                               double running, double target) noexcept {
-  double c = running;
+  std::size_t const j = first_crossing(p + start, len, running, target);
+  if (j < len) return static_cast<token_id>(start + j);
+  // The block sum (lane order) crossed but the sequential scan fell short by rounding: the last
+  // positive entry.
   std::size_t last_positive = start;
-  for (std::size_t i = start; i < start + len; ++i) {
-    // Branch-free on the sign (truncated rows mix zeros and positives): a zero added to the
-    // running sum leaves it unchanged, so it cannot cross.
-    c += static_cast<double>(positive_part(p[i]));
-    last_positive = select_index(p[i] > 0.0f, i, last_positive);
-    if (c > target) return static_cast<token_id>(i);
-  }
-  // The block sum (lane order) crossed but the sequential scan fell short by rounding.
+  for (std::size_t i = start; i < start + len; ++i)
+    if (p[i] > 0.0f) last_positive = i;
   return static_cast<token_id>(last_positive);
 }
 

@@ -126,6 +126,15 @@ template <class W>
     cum += b;
     e = e_end;
   }
+  // The crossing block, when no excluded token is in it, is searched by `first_crossing` on its
+  // weights; otherwise (or when the block does not cross after all) entry by entry.
+  if (i + block <= n &&
+      (e == excluded.size() || static_cast<std::size_t>(excluded[e]) >= i + block)) {
+    float buf[block];
+    for (std::size_t j = 0; j < block; ++j) buf[j] = w(i + j);
+    std::size_t const j = first_crossing(buf, block, cum, target);
+    if (j < block) return i + j;
+  }
   std::size_t last_positive = no_index;
   for (; i < n; ++i) {
     if (e < excluded.size() && static_cast<std::size_t>(excluded[e]) == i) {
