@@ -79,3 +79,28 @@ TEST_CASE("philox uniforms lie in [0, 1) and look uniform") {
   for (int h : hist) chi2 += (h - expected) * (h - expected) / expected;
   CHECK(chi2 < 43.8);
 }
+
+TEST_CASE("next_u32 keeps its last block: draws after seek, skip and copies are philox_word") {
+  // The kept block must never leak into a draw at another position: every draw equals the
+  // stateless word at its offset, whatever moves the offset in between.
+  philox g(99, 3, 2);
+  std::uint64_t checked = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (i % 7 == 3) g.skip(static_cast<std::uint64_t>(i % 5));
+    if (i % 11 == 5) g.seek(static_cast<std::uint64_t>((i * 37) % 23));
+    if (i % 13 == 6) g.seek(g.offset() + (std::uint64_t{1} << 34));  // far: another high word
+    philox copy = g;
+    std::uint64_t const at = g.offset();
+    std::uint32_t const w = g.next_u32();
+    CHECK(w == specdec::philox_word(99, 3, at));
+    CHECK(copy.next_u32() == w);
+    CHECK(g.uniform_at(0) == specdec::philox_uniform(99, 3, at + 1));
+    ++checked;
+  }
+  CHECK(checked == 200);
+  // A block index that differs only in its high bits is a different block.
+  philox h(5, 0, 0);
+  (void)h.next_u32();
+  h.seek(std::uint64_t{1} << 34);
+  CHECK(h.next_u32() == specdec::philox_word(5, 0, std::uint64_t{1} << 34));
+}

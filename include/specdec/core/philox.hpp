@@ -50,15 +50,19 @@ SPECDEC_HOST_DEVICE constexpr philox_block philox4x32_10(philox_block counter, s
   return c;
 }
 
-//! Word `index` of stream `stream` under `seed` (see the file comment for the exact mapping).
-SPECDEC_HOST_DEVICE constexpr std::uint32_t philox_word(std::uint64_t seed, std::uint64_t stream,
-                                                        std::uint64_t index) noexcept {
-  std::uint64_t const block = index >> 2;
-  philox_block const out = philox4x32_10(
+//! Block `block` (words 4 * block .. 4 * block + 3) of stream `stream` under `seed`.
+SPECDEC_HOST_DEVICE constexpr philox_block philox_block_at(std::uint64_t seed, std::uint64_t stream,
+                                                           std::uint64_t block) noexcept {
+  return philox4x32_10(
       philox_block{{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
                     static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)}},
       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
-  return out.v[index & 3u];
+}
+
+//! Word `index` of stream `stream` under `seed` (see the file comment for the exact mapping).
+SPECDEC_HOST_DEVICE constexpr std::uint32_t philox_word(std::uint64_t seed, std::uint64_t stream,
+                                                        std::uint64_t index) noexcept {
+  return philox_block_at(seed, stream, index >> 2).v[index & 3u];
 }
 
 //! Maps a 32-bit word to a float uniform in [0, 1) with 24 random bits (every value exact).
@@ -83,9 +87,16 @@ class philox {
                                                 std::uint64_t offset = 0) noexcept
       : seed_(seed), stream_(stream), offset_(offset) {}
 
-  //! The next 32-bit word.
+  //! The next 32-bit word. Consecutive draws share their Philox block: the last block computed is
+  //! kept, so four draws in a row cost one block (the values are `philox_word`'s).
   SPECDEC_HOST_DEVICE constexpr std::uint32_t next_u32() noexcept {
-    return philox_word(seed_, stream_, offset_++);
+    std::uint64_t const index = offset_++;
+    std::uint64_t const block = index >> 2;
+    if (block != cached_block_) {
+      cached_ = philox_block_at(seed_, stream_, block);
+      cached_block_ = block;
+    }
+    return cached_.v[index & 3u];
   }
   //! The next uniform in [0, 1).
   SPECDEC_HOST_DEVICE constexpr float uniform() noexcept { return word_to_uniform(next_u32()); }
@@ -111,6 +122,9 @@ class philox {
   std::uint64_t seed_;
   std::uint64_t stream_;
   std::uint64_t offset_;
+  // The last block `next_u32` computed (index offset / 4; none yet: an index no offset has).
+  std::uint64_t cached_block_ = ~std::uint64_t{0};
+  philox_block cached_{};
 };
 
 }  // namespace specdec

@@ -166,8 +166,16 @@ template <class F>
   constexpr float ln2_hi = 0.693359375f;
   constexpr float ln2_lo = -2.12194440e-4f;
   constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  // The clamp is a maximum (one instruction; the same value, x not being NaN).
-  F const xc = x > exp_lower_limit ? x : bcast(exp_lower_limit);
+  // The clamp is a maximum (the same value, x not being NaN); one instruction with AVX-512.
+  F xc = x > exp_lower_limit ? x : bcast(exp_lower_limit);
+#if defined(__AVX512F__)
+  if constexpr (!std::is_same_v<F, float> && simd_width == 16) {
+    __m512 xv;
+    __builtin_memcpy(&xv, &x, sizeof xv);
+    __m512 const m = _mm512_maskz_max_ps(0xFFFF, xv, _mm512_set1_ps(exp_lower_limit));
+    __builtin_memcpy(&xc, &m, sizeof xc);
+  }
+#endif
   F const shifted = xc * log2e + round_magic;
   F const n = shifted - round_magic;
   F const r = (xc - n * ln2_hi) - n * ln2_lo;
