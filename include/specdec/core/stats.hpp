@@ -9,9 +9,11 @@
 
 namespace specdec {
 
-//! What happened in one propose -> score -> verify -> commit step. The decoders time the four
-//! phases back to back (one clock read per boundary), so each includes the bookkeeping around its
-//! call and together they cover the step's whole wall time.
+//! What happened in one propose -> score -> verify -> commit step. `request_stats::add` sums the
+//! phase seconds of a step given to it; the library's decoders time the phases per request
+//! instead (back to back, one tick-counter read per boundary, so each phase includes the
+//! bookkeeping around its call and together they cover the decode loop's wall time) and write the
+//! totals into `request_stats` when the request ends, leaving these per-step fields at 0.
 struct step_stats {
   std::size_t tree_size = 0;     //!< draft nodes proposed (root excluded)
   std::size_t tree_depth = 0;    //!< deepest draft node

@@ -77,7 +77,7 @@ class autoregressive_decoder {
     philox rng(config_.seed, config_.stream, 0);
     model.cache().truncate(0);
 
-    detail::lap_timer timer;  // phases timed back to back (see speculative_decoder)
+    detail::phase_timer timer;  // phases timed back to back (see speculative_decoder)
     if (prompt.size() > 1) {
       std::size_t const n = prompt.size() - 1;
       positions_.resize(n);
@@ -88,7 +88,7 @@ class autoregressive_decoder {
                                 .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
       model.forward(req, fwd_);
     }
-    out.stats.prefill_seconds = timer.lap();
+    timer.lap(detail::phase::prefill);
 
     positions_.resize(1);
     while (!sink_.done()) {
@@ -104,7 +104,7 @@ class autoregressive_decoder {
       positions_[0] = static_cast<position_t>(base);
       forward_request const req{.tokens = committed.last(1), .positions = positions_};
       model.forward(req, fwd_);
-      step.score_seconds = timer.lap();
+      timer.lap(detail::phase::score);
 
       std::span<float const> const row = fwd_.logits_view().at_row(0);
       token_id next = no_token;
@@ -115,15 +115,15 @@ class autoregressive_decoder {
         policy_.distribution(row, committed, probs_);
         next = policy_.sample(std::span<float const>(probs_), rng);
       }
-      step.verify_seconds = timer.lap();
+      timer.lap(detail::phase::verify);
 
       std::size_t const emitted_before = sink_.emitted();
       (void)sink_.emit(next);
       step.emitted = sink_.emitted() - emitted_before;
-      step.commit_seconds = timer.lap();
+      timer.lap(detail::phase::commit);
       out.stats.add(step);
     }
-    out.stats.total_seconds = detail::seconds_since(request_start);
+    timer.finish(out.stats, request_start);
   }
 
   //! The configuration (changes apply from the next request).
