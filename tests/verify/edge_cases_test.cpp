@@ -492,3 +492,17 @@ TEST_CASE("a negative or NaN q entry is found wherever it sits in the row") {
   s.verify(chain_with_q(0, {1, 2}, q), view(logits, vocab), policy, history, rng, out);
   CHECK(rng.offset() == 3);
 }
+
+TEST_CASE("the walk's uniform reader gives uniform_at's values in any order of offsets") {
+  // It keeps one Philox block; jumping between blocks and back must never return a kept word
+  // for another position.
+  for (std::uint64_t offset :
+       {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{5}, (std::uint64_t{1} << 34) + 2}) {
+    philox const rng(77, 5, offset);
+    specdec::detail::uniform_reader reader(rng);
+    for (std::uint64_t delta : {0, 1, 2, 3, 4, 9, 1, 0, 17, 16, 5, 4, 63, 0}) {
+      INFO("offset ", offset, " delta ", delta);
+      CHECK(reader.at(delta) == rng.uniform_at(delta));
+    }
+  }
+}

@@ -465,6 +465,29 @@ inline void greedy_walk_probs(char const* who, draft_tree const& tree,
   }
 }
 
+//! The uniforms at `rng.offset() + delta` (`philox::uniform_at`), keeping the last Philox block
+//! computed: a walk reads words offset + 0 and offset + j of the children it tests, which share
+//! few blocks.
+class uniform_reader {
+ public:
+  explicit uniform_reader(philox const& rng) noexcept : rng_(rng) {}
+  //! `rng.uniform_at(delta)`.
+  [[nodiscard]] float at(std::uint64_t delta) noexcept {
+    std::uint64_t const index = rng_.offset() + delta;
+    std::uint64_t const block = index >> 2;
+    if (block != block_) {
+      words_ = philox_block_at(rng_.seed(), rng_.stream(), block);
+      block_ = block;
+    }
+    return word_to_uniform(words_.v[index & 3u]);
+  }
+
+ private:
+  philox const& rng_;
+  std::uint64_t block_ = ~std::uint64_t{0};
+  philox_block words_{};
+};
+
 //! Scratch that a sampling walk owns; sized once per vocabulary.
 struct walk_scratch {
   std::vector<float> work;         //!< [vocab] a distribution row or a residual
@@ -491,7 +514,8 @@ template <class Source>
 void sampling_walk(char const* who, draft_tree const& tree, Source const& rows, philox const& rng,
                    walk_scratch& scratch, verify_result& out) {
   std::span<float> const work(scratch.work);
-  float const u0 = rng.uniform_at(0);
+  uniform_reader uniforms(rng);
+  float const u0 = uniforms.at(0);
   node_index node = 0;
   for (;;) {
     std::span<float const> cur = rows(node, work);
@@ -510,7 +534,7 @@ void sampling_walk(char const* who, draft_tree const& tree, Source const& rows, 
         float const qx = q[static_cast<std::size_t>(x)];
         check_probability(px, who, "the target probability", node, x);
         check_probability(qx, who, "the draft probability", node, x);
-        float const u = rng.uniform_at(static_cast<std::uint64_t>(child));
+        float const u = uniforms.at(static_cast<std::uint64_t>(child));
         if (px > 0.0f && (px >= qx || u * qx < px)) {
           accepted = child;
           break;
@@ -528,7 +552,7 @@ void sampling_walk(char const* who, draft_tree const& tree, Source const& rows, 
         token_id const x = tree.token(child);
         float const px = cur[static_cast<std::size_t>(x)];
         check_probability(px, who, "the target probability", node, x);
-        float const u = rng.uniform_at(static_cast<std::uint64_t>(child));
+        float const u = uniforms.at(static_cast<std::uint64_t>(child));
         if (px > 0.0f && (px >= mass || u * mass < px)) {
           accepted = child;
           break;
