@@ -34,10 +34,6 @@
 
 #include <benchmark/benchmark.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -93,15 +89,8 @@ namespace {
 //! seconds at the rate measured against steady_clock from the program's start to the conversion
 //! (seconds of benchmark, so the rate is exact to a few parts per million).
 struct tick_clock {
-  [[nodiscard]] static std::uint64_t now() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    return __rdtsc();
-#else
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now().time_since_epoch())
-                                          .count());
-#endif
-  }
+  //! The decoders' tick counter (`detail::tick_count`: the time-stamp counter on x86).
+  [[nodiscard]] static std::uint64_t now() noexcept { return sd::detail::tick_count(); }
   //! Seconds per tick, calibrated from the program's start to now (at least 10 ms).
   [[nodiscard]] static double seconds_per_tick() {
     static std::uint64_t const ticks0 = now();
