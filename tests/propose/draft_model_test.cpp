@@ -194,6 +194,14 @@ TEST_CASE("sampled drafts draw from the request's Philox stream") {
   CHECK(std::vector<sd::token_id>(a.tokens().begin(), a.tokens().end()) ==
         std::vector<sd::token_id>(b.tokens().begin(), b.tokens().end()));
   CHECK(r1.offset() == 3);  // one word per sampled draft
+  // Each draft is the verifiers' draw rule applied to its recorded q row with its word.
+  for (sd::node_index i = 1; i < static_cast<sd::node_index>(a.size()); ++i) {
+    double total = 0.0;
+    std::size_t const drawn = sd::detail::draw_index(
+        a.q_row(a.parent(i)), sd::philox(77).uniform_at(static_cast<std::uint64_t>(i - 1)), total);
+    CHECK(static_cast<sd::token_id>(drawn) == a.token(i));
+    CHECK(total == doctest::Approx(1.0).epsilon(1e-5));
+  }
   p.begin(committed);
   CHECK_THROWS_AS(p.propose(make_ctx(committed, 3, nullptr), a), sd::error);
 }

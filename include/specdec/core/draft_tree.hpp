@@ -294,8 +294,12 @@ class draft_tree {
     num_children_.push_back(0);
     max_depth_ = std::max(max_depth_, depth);
     std::uint64_t* row = mask_.data() + idx(i) * stride_;
+    // Trees of up to 64 nodes (one mask word, the usual case) copy the word without a call.
     if (parent >= 0) {
-      std::copy_n(mask_.data() + idx(parent) * stride_, stride_, row);
+      if (stride_ == 1)
+        row[0] = mask_[idx(parent)];
+      else
+        std::copy_n(mask_.data() + idx(parent) * stride_, stride_, row);
       // Append to the parent's children, keeping insertion order.
       if (first_child_[idx(parent)] < 0) {
         first_child_[idx(parent)] = i;
@@ -305,6 +309,8 @@ class draft_tree {
         next_sibling_[idx(c)] = i;
       }
       ++num_children_[idx(parent)];
+    } else if (stride_ == 1) {
+      row[0] = 0;
     } else {
       std::fill_n(row, stride_, 0);
     }

@@ -18,9 +18,11 @@
 //! Modes (a template parameter, so `samples_drafts` stays a compile-time trait):
 //! - `draft_mode::greedy`: d_i = policy.greedy_token(draft row, history); the drafts are
 //!   deterministic candidates (no q rows); pair with a greedy or tree verifier.
-//! - `draft_mode::sample`: d_i is drawn from q_i = policy.distribution(draft row, history) with the
-//!   request's Philox stream, and q_i is recorded as the tree's q row i - 1; pair with a
-//!   speculative-sampling (or tree) verifier, which accepts with min(1, p/q). Lossless.
+//! - `draft_mode::sample`: d_i is drawn from q_i = policy.distribution(draft row, history) with one
+//!   word of the request's Philox stream, by the verifiers' draw rule (verify/common.hpp: an
+//!   inverse CDF over float block sums, cheaper than `sample_from`'s double ones), and q_i is
+//!   recorded as the tree's q row i - 1; pair with a speculative-sampling (or tree) verifier,
+//!   which accepts with min(1, p/q). Lossless.
 //!
 //! Options: a confidence cutoff (stop drafting when the draft's top probability under its plain
 //! softmax falls below a threshold; the first draft token is always drafted) and an adaptive draft
@@ -44,6 +46,7 @@
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
+#include "specdec/verify/common.hpp"
 
 namespace specdec {
 
@@ -156,7 +159,7 @@ class chain_drafter {
       if constexpr (Mode == draft_mode::sample) {
         std::span<float> const q = tree.q_row(parent);
         policy_.distribution(row, cached_, q);
-        next = policy_.sample(std::span<float const>(q), *ctx.rng);
+        next = draw_draft(q, ctx.rng->uniform(), parent);
       } else {
         next = policy_.greedy_token(row, cached_);
       }
@@ -220,6 +223,16 @@ class chain_drafter {
     s = p;
     model.cache().truncate(s);
     cached_.resize(s);
+  }
+
+  //! The draft token drawn from q with uniform u, by the verifiers' draw rule (verify/common.hpp:
+  //! an inverse CDF over float block sums, one word of the stream like `policy.sample`).
+  static token_id draw_draft(std::span<float const> q, float u, node_index parent) {
+    double total = 0.0;
+    std::size_t const i = draw_index(q, u, total);
+    SPECDEC_CHECK(i != no_index, numerical, "draft proposer: the q row under node ", parent,
+                  " sums to ", total, " (the policy's distribution has no positive mass)");
+    return static_cast<token_id>(i);
   }
 
   //! Feeds `tokens` at positions start.. in one causal forward; logits for the last row only.

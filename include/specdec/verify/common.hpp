@@ -166,18 +166,27 @@ inline void check_probability(float v, char const* who, char const* what, node_i
                 " for token ", token, " is ", v, ", not a finite probability");
 }
 
+//! The draw rule (see the file comment) over weights p[i] with uniform u: the drawn index, or
+//! `no_index` when the weights have no finite positive mass (`total`, their sum, says which).
+[[nodiscard]] inline std::size_t draw_index(std::span<float const> p, float u,
+                                            double& total) noexcept {
+  float const* const data = p.data();
+  auto const w = [data](std::size_t j) { return data[j]; };
+  kept_sums kept(p.size());
+  total = weight_sum(p.size(), w, kept.sums);
+  if (!(std::isfinite(total) && total > 0.0)) return no_index;
+  return scan_weights(p.size(), total, u, w, {}, kept.sums);
+}
+
 //! Draws from distribution row `p` (weights p[i]) with uniform `u`. Throws `errc::numerical` when
 //! the row has NaN/Inf entries or no mass.
 [[nodiscard]] inline token_id draw_from(std::span<float const> p, float u, char const* who,
                                         node_index node) {
-  float const* const data = p.data();
-  auto const w = [data](std::size_t j) { return data[j]; };
-  kept_sums kept(p.size());
-  double const total = weight_sum(p.size(), w, kept.sums);
+  double total = 0.0;
+  std::size_t const i = draw_index(p, u, total);
   SPECDEC_CHECK(std::isfinite(total) && total > 0.0, numerical, who,
                 ": the target distribution at node ", node, " sums to ", total,
                 " (NaN/Inf entries or no mass)");
-  std::size_t const i = scan_weights(p.size(), total, u, w, {}, kept.sums);
   SPECDEC_CHECK(i != no_index, numerical, who, ": the target distribution at node ", node,
                 " has no positive entry");
   return static_cast<token_id>(i);
