@@ -204,6 +204,17 @@ TEST_CASE("sampled drafts draw from the request's Philox stream") {
   }
   p.begin(committed);
   CHECK_THROWS_AS(p.propose(make_ctx(committed, 3, nullptr), a), sd::error);
+  // Tokens enter the draft cache checked (the policy is told the cache needs no check).
+  std::vector<sd::token_id> const outside{1, 2, static_cast<sd::token_id>(vocab)};
+  p.begin(outside);
+  sd::philox r3(77);
+  try {
+    p.propose(make_ctx(outside, 3, &r3), a);
+    FAIL("a committed token outside the vocabulary was accepted");
+  } catch (sd::error const& e) {
+    CHECK(e.code() == sd::errc::out_of_range);
+    CHECK(std::string(e.what()).find("outside the draft's vocabulary") != std::string::npos);
+  }
 }
 
 TEST_CASE("adaptive k and the confidence cutoff") {

@@ -397,6 +397,32 @@ TEST_CASE("greedy writes a one-hot row at the argmax, ties to the lowest id") {
   }
 }
 
+TEST_CASE("the history_checked overload gives the same row and skips only an unread history") {
+  std::mt19937_64 gen(81);
+  std::vector<float> const l = sampling_test::make_row(sampling_test::row_kind::peaked, 700, gen);
+  std::vector<sd::token_id> const h = {1, 2, 3, 1, 650};
+  for (bool penalties : {false, true}) {
+    sd::sampler const s(with([&](auto& p) {
+      p.temperature = 0.8f;
+      p.top_p = penalties ? 0.9f : 1.0f;
+      if (penalties) p.repetition_penalty = 1.3f;
+    }));
+    std::vector<float> a(l.size()), b(l.size());
+    s.distribution(l, h, a);
+    s.distribution(l, h, b, sd::history_checked);
+    CHECK(a == b);
+    // A bad history: the plain overload always says so; the checked one only where the history
+    // is read (penalties), since the caller vouched for it.
+    std::vector<sd::token_id> const bad = {1, 700};
+    check_error([&] { s.distribution(l, bad, a); }, sd::errc::out_of_range, "history[1] = 700");
+    if (penalties)
+      check_error([&] { s.distribution(l, bad, b, sd::history_checked); }, sd::errc::out_of_range,
+                  "history[1] = 700");
+    else
+      CHECK_NOTHROW(s.distribution(l, bad, b, sd::history_checked));
+  }
+}
+
 TEST_CASE("distribution can run in place") {
   std::mt19937_64 gen(8);
   std::vector<float> const l = sampling_test::make_row(sampling_test::row_kind::peaked, 3000, gen);

@@ -46,6 +46,7 @@
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
+#include "specdec/sampling/policy.hpp"
 #include "specdec/verify/common.hpp"
 
 namespace specdec {
@@ -158,7 +159,11 @@ class chain_drafter {
       token_id next = no_token;
       if constexpr (Mode == draft_mode::sample) {
         std::span<float> const q = tree.q_row(parent);
-        policy_.distribution(row, cached_, q);
+        std::span<token_id const> const history(cached_);
+        if constexpr (requires { policy_.distribution(row, history, q, history_checked); })
+          policy_.distribution(row, history, q, history_checked);  // feed checked the cache
+        else
+          policy_.distribution(row, history, q);
         next = draw_draft(q, ctx.rng->uniform(), parent);
       } else {
         next = policy_.greedy_token(row, cached_);
@@ -236,7 +241,14 @@ class chain_drafter {
   }
 
   //! Feeds `tokens` at positions start.. in one causal forward; logits for the last row only.
+  //! Every token entering `cached_` is checked against the vocabulary here, so that the policy
+  //! need not check the whole cache again at every draft row.
   void feed(Model& model, std::span<token_id const> tokens, std::size_t start) {
+    std::size_t const vocab = model.vocab_size();
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      SPECDEC_CHECK(tokens[i] >= 0 && static_cast<std::size_t>(tokens[i]) < vocab, out_of_range,
+                    "draft proposer: token ", tokens[i], " at position ", start + i,
+                    " is outside the draft's vocabulary of ", vocab);
     positions_.resize(tokens.size());
     for (std::size_t i = 0; i < tokens.size(); ++i)
       positions_[i] = static_cast<position_t>(start + i);

@@ -109,6 +109,14 @@ inline void check_row_shapes(std::span<float const> logits, std::span<float> pro
 
 }  // namespace detail
 
+//! Tag of the `sampler::distribution` overload for callers that checked the history's token ids
+//! themselves.
+struct history_checked_t {
+  explicit history_checked_t() = default;
+};
+//! The `history_checked_t` value.
+inline constexpr history_checked_t history_checked{};
+
 //! The general sampling policy. `distribution()` turns a logits row into the exact distribution
 //! `sample()` draws from, in this order (as in HF transformers and vLLM):
 //!
@@ -151,10 +159,26 @@ class sampler {
   //! penalties). Sums to 1; one-hot when `is_greedy()`.
   void distribution(std::span<float const> logits, std::span<token_id const> history,
                     std::span<float> probs) const {
+    distribution_impl(logits, history, probs, true);
+  }
+
+  //! `distribution(logits, history, probs)` for a caller that has checked every token of
+  //! `history` against the vocabulary itself (as a draft proposer does when it appends tokens to
+  //! its cache): without penalties the history is read only by that check, which is then skipped;
+  //! with penalties it is checked as in `distribution`. The same row.
+  void distribution(std::span<float const> logits, std::span<token_id const> history,
+                    std::span<float> probs, history_checked_t /*checked*/) const {
+    distribution_impl(logits, history, probs, penalties_);
+  }
+
+ private:
+  //! `distribution`, with the history's range check when `check_history`.
+  void distribution_impl(std::span<float const> logits, std::span<token_id const> history,
+                         std::span<float> probs, bool check_history) const {
     constexpr char const* who = "sampler::distribution";
     detail::check_row_shapes(logits, probs, who);
     std::size_t const vocab = logits.size();
-    check_tokens(history, vocab, who);
+    check_tokens(check_history ? history : std::span<token_id const>(), vocab, who);
     if (is_greedy()) {
       token_id const t = greedy_token(logits, history);
       std::fill(probs.begin(), probs.end(), 0.0f);
@@ -244,6 +268,7 @@ class sampler {
     detail::scale_row(e, e, vocab, static_cast<float>(1.0 / sums.total));
   }
 
+ public:
   //! Draws a token from `probs` (as given, e.g. from `distribution()`), reading exactly one word
   //! of `rng`: `sample_from(probs, rng.uniform())`.
   [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
