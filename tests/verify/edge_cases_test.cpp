@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -504,5 +505,39 @@ TEST_CASE("the walk's uniform reader gives uniform_at's values in any order of o
       INFO("offset ", offset, " delta ", delta);
       CHECK(reader.at(delta) == rng.uniform_at(delta));
     }
+  }
+}
+
+TEST_CASE("verify with history_checked decides as verify, for chains and trees") {
+  // The overload only spares the policy its history check; decisions and generator use must not
+  // change, whatever the rows.
+  constexpr std::size_t vocab = 50;
+  std::mt19937_64 gen(91);
+  std::normal_distribution<float> logit(0.0f, 2.0f);
+  sampler const policy = temperature_one();
+  specdec::speculative_sampling_verifier s;
+  specdec::tree_verifier t;
+  std::vector<token_id> const history{3, 7, 11};
+  for (int rep = 0; rep < 200; ++rep) {
+    std::vector<float> q(vocab);
+    std::vector<float> ql(vocab);
+    for (float& v : ql) v = logit(gen);
+    policy.distribution(ql, history, q);
+    std::vector<token_id> drafts;
+    for (int d = 0; d < 4; ++d) drafts.push_back(static_cast<token_id>(gen() % vocab));
+    auto const tree = chain_with_q(history.back(), drafts, q);
+    std::vector<float> logits(tree.size() * vocab);
+    for (float& v : logits) v = logit(gen);
+    philox r1(static_cast<std::uint64_t>(rep)), r2 = r1, r3 = r1, r4 = r1;
+    verify_result a, b, c, d;
+    s.verify(tree, view(logits, vocab), policy, history, r1, a);
+    s.verify(tree, view(logits, vocab), policy, history, r2, b, specdec::history_checked);
+    t.verify(tree, view(logits, vocab), policy, history, r3, c);
+    t.verify(tree, view(logits, vocab), policy, history, r4, d, specdec::history_checked);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.accepted_nodes == b.accepted_nodes);
+    CHECK(c.tokens == d.tokens);
+    CHECK(r1.offset() == r2.offset());
+    CHECK(r3.offset() == r4.offset());
   }
 }

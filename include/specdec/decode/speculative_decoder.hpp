@@ -310,7 +310,15 @@ class speculative_decoder {
 
       // 3. verify (the tree's rows come first; auxiliary rows follow)
       matrix_view<float const> const tree_logits = fwd_.logits_view().subrows(0, n);
-      verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_);
+      // The committed tokens were checked as they were committed (the prompt by check_prompt,
+      // the rest by the verifier that produced them).
+      if constexpr (requires {
+                      verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_,
+                                       history_checked);
+                    })
+        verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_, history_checked);
+      else
+        verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_);
       timer.lap(detail::phase::verify);
       SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
                     "speculative_decoder: the verifier returned ", result_.tokens.size(),

@@ -109,14 +109,6 @@ inline void check_row_shapes(std::span<float const> logits, std::span<float> pro
 
 }  // namespace detail
 
-//! Tag of the `sampler::distribution` overload for callers that checked the history's token ids
-//! themselves.
-struct history_checked_t {
-  explicit history_checked_t() = default;
-};
-//! The `history_checked_t` value.
-inline constexpr history_checked_t history_checked{};
-
 //! The general sampling policy. `distribution()` turns a logits row into the exact distribution
 //! `sample()` draws from, in this order (as in HF transformers and vLLM):
 //!

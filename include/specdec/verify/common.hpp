@@ -404,9 +404,19 @@ struct policy_rows {
   matrix_view<float const> logits;  //!< [tree.size(), vocab], row-major
   Policy const& policy;
   path_history& history;
+  //! The committed history was checked by the caller (the path's tokens by `check_inputs`).
+  bool history_checked = false;
 
   std::span<float const> operator()(node_index node, std::span<float> buf) const {
-    policy.distribution(logits.row(static_cast<std::size_t>(node)), history.at(tree, node), buf);
+    std::span<float const> const row = logits.row(static_cast<std::size_t>(node));
+    std::span<token_id const> const h = history.at(tree, node);
+    if constexpr (requires { policy.distribution(row, h, buf, specdec::history_checked); }) {
+      if (history_checked) {
+        policy.distribution(row, h, buf, specdec::history_checked);
+        return std::span<float const>(buf.data(), buf.size());
+      }
+    }
+    policy.distribution(row, h, buf);
     return std::span<float const>(buf.data(), buf.size());
   }
 };
@@ -642,14 +652,14 @@ class sampling_verifier_core {
   template <sampling_policy Policy>
   void verify(char const* who, draft_tree const& tree, matrix_view<float const> target_logits,
               Policy const& policy, std::span<token_id const> history, philox& rng,
-              verify_result& out) {
+              verify_result& out, bool history_checked = false) {
     check_inputs(who, tree, target_logits.rows(), target_logits.cols());
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     if (policy.is_greedy()) {
       greedy_walk(who, tree, target_logits, policy, history_, out);
     } else {
-      policy_rows<Policy> const rows{tree, target_logits, policy, history_};
+      policy_rows<Policy> const rows{tree, target_logits, policy, history_, history_checked};
       sampling_walk(who, tree, rows, rng, scratch_, out);
     }
     rng.skip(tree.size());

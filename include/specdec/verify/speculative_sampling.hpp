@@ -81,6 +81,17 @@ class speculative_sampling_verifier
     core_.verify(name, tree, target_logits, policy, history, rng, out);
   }
 
+  //! `verify` for a caller that has checked every token of `history` against the vocabulary
+  //! (`history_checked_t`; a decoder's committed tokens): the policy is not asked to check it
+  //! again at every row. The same result.
+  template <sampling_policy Policy>
+  void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
+              std::span<token_id const> history, philox& rng, verify_result& out,
+              history_checked_t /*checked*/) {
+    check_chain(tree);
+    core_.verify(name, tree, target_logits, policy, history, rng, out, true);
+  }
+
   //! The same over target distribution rows `target_probs` ([tree.size(), vocab], row i = p_i,
   //! already processed by the policy, e.g. by an engine's fused softmax). Same RNG contract.
   void verify_probs(draft_tree const& tree, matrix_view<float const> target_probs, philox& rng,
