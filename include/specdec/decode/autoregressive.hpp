@@ -112,9 +112,17 @@ class autoregressive_decoder {
         next = policy_.greedy_token(row, committed);
         rng.skip(1);
       } else {
-        policy_.distribution(row, committed, probs_);
+        // The committed tokens were checked as they were committed (the prompt by check_prompt,
+        // each drawn token below).
+        if constexpr (requires { policy_.distribution(row, committed, probs_, history_checked); })
+          policy_.distribution(row, committed, probs_, history_checked);
+        else
+          policy_.distribution(row, committed, probs_);
         next = policy_.sample(std::span<float const>(probs_), rng);
       }
+      SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
+                    "autoregressive_decoder: the policy produced token ", next,
+                    " outside the vocabulary of ", vocab);
       timer.lap(detail::phase::verify);
 
       std::size_t const emitted_before = sink_.emitted();
