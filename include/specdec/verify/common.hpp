@@ -305,7 +305,7 @@ inline void check_probability(float v, char const* who, char const* what, node_i
   float const* const d = p.data();
   std::size_t const n = p.size();
   auto const raw = [d](std::size_t j) { return d[j]; };
-  float terms[reduce_block];
+  float terms[reduce_block] = {};  // zeroed: nvcc takes the lambda's read for a use before set
   auto const term = [&terms](std::size_t j) { return terms[j]; };
   double h = 0.0, mass = 0.0;
   std::size_t i = 0;
