@@ -94,7 +94,8 @@ class phase_timer {
   //! Ends the current phase, counting it as `p`; the next phase starts now.
   void lap(phase p) noexcept {
     std::uint64_t const now = tick_count();
-    ticks_[static_cast<std::size_t>(p)] += now - last_;
+    // A counter read on another core may lag by a few ticks: such a phase counts as 0.
+    ticks_[static_cast<std::size_t>(p)] += now > last_ ? now - last_ : 0;
     last_ = now;
   }
 
