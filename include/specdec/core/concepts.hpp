@@ -48,6 +48,24 @@ concept sampling_policy = requires(P const& p, std::span<float const> logits,
   { p.greedy_token(logits, history) } -> std::same_as<token_id>;
 };
 
+namespace detail {
+
+//! `policy.distribution(logits, history, probs)`, telling the policy that `history` is already
+//! checked (`history_checked_t`) when `checked` and the policy takes the tag.
+template <sampling_policy P>
+void distribution_of(P const& policy, std::span<float const> logits,
+                     std::span<token_id const> history, std::span<float> probs, bool checked) {
+  if constexpr (requires { policy.distribution(logits, history, probs, history_checked); }) {
+    if (checked) {
+      policy.distribution(logits, history, probs, history_checked);
+      return;
+    }
+  }
+  policy.distribution(logits, history, probs);
+}
+
+}  // namespace detail
+
 //! A verifier: walks a draft tree against the target's rows and decides the accepted path and the
 //! bonus token.
 //!

@@ -59,6 +59,22 @@ SPECDEC_HOST_DEVICE constexpr philox_block philox_block_at(std::uint64_t seed, s
       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
 }
 
+//! The last Philox block computed, kept so that reads of words in the same block (consecutive
+//! draws, a walk's words) cost one block: `word(seed, stream, index)` is `philox_word`'s value.
+struct philox_kept_block {
+  std::uint64_t block = ~std::uint64_t{0};  // none yet: an index no offset has
+  philox_block words{};
+
+  SPECDEC_HOST_DEVICE constexpr std::uint32_t word(std::uint64_t seed, std::uint64_t stream,
+                                                   std::uint64_t index) noexcept {
+    if ((index >> 2) != block) {
+      block = index >> 2;
+      words = philox_block_at(seed, stream, block);
+    }
+    return words.v[index & 3u];
+  }
+};
+
 //! Word `index` of stream `stream` under `seed` (see the file comment for the exact mapping).
 SPECDEC_HOST_DEVICE constexpr std::uint32_t philox_word(std::uint64_t seed, std::uint64_t stream,
                                                         std::uint64_t index) noexcept {
@@ -90,13 +106,7 @@ class philox {
   //! The next 32-bit word. Consecutive draws share their Philox block: the last block computed is
   //! kept, so four draws in a row cost one block (the values are `philox_word`'s).
   SPECDEC_HOST_DEVICE constexpr std::uint32_t next_u32() noexcept {
-    std::uint64_t const index = offset_++;
-    std::uint64_t const block = index >> 2;
-    if (block != cached_block_) {
-      cached_ = philox_block_at(seed_, stream_, block);
-      cached_block_ = block;
-    }
-    return cached_.v[index & 3u];
+    return kept_.word(seed_, stream_, offset_++);
   }
   //! The next uniform in [0, 1).
   SPECDEC_HOST_DEVICE constexpr float uniform() noexcept { return word_to_uniform(next_u32()); }
@@ -122,9 +132,7 @@ class philox {
   std::uint64_t seed_;
   std::uint64_t stream_;
   std::uint64_t offset_;
-  // The last block `next_u32` computed (index offset / 4; none yet: an index no offset has).
-  std::uint64_t cached_block_ = ~std::uint64_t{0};
-  philox_block cached_{};
+  philox_kept_block kept_;  // the last block `next_u32` computed
 };
 
 }  // namespace specdec

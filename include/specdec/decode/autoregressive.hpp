@@ -114,10 +114,7 @@ class autoregressive_decoder {
       } else {
         // The committed tokens were checked as they were committed (the prompt by check_prompt,
         // each drawn token below).
-        if constexpr (requires { policy_.distribution(row, committed, probs_, history_checked); })
-          policy_.distribution(row, committed, probs_, history_checked);
-        else
-          policy_.distribution(row, committed, probs_);
+        detail::distribution_of(policy_, row, committed, probs_, true);
         next = policy_.sample(std::span<float const>(probs_), rng);
       }
       SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,

@@ -46,7 +46,6 @@
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
-#include "specdec/sampling/policy.hpp"
 #include "specdec/verify/common.hpp"
 
 namespace specdec {
@@ -159,11 +158,7 @@ class chain_drafter {
       token_id next = no_token;
       if constexpr (Mode == draft_mode::sample) {
         std::span<float> const q = tree.q_row(parent);
-        std::span<token_id const> const history(cached_);
-        if constexpr (requires { policy_.distribution(row, history, q, history_checked); })
-          policy_.distribution(row, history, q, history_checked);  // feed checked the cache
-        else
-          policy_.distribution(row, history, q);
+        distribution_of(policy_, row, cached_, q, true);  // feed checked the cache
         next = draw_draft(q, ctx.rng->uniform(), parent);
       } else {
         next = policy_.greedy_token(row, cached_);

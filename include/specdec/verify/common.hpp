@@ -56,15 +56,15 @@ inline constexpr std::size_t reduce_block = 64;
 template <class W>
 [[nodiscard]] inline float block_sum(std::size_t base, W const& w) noexcept {
   using f16 = float __attribute__((vector_size(16 * sizeof(float))));
-  using f8 = float __attribute__((vector_size(8 * sizeof(float))));
-  using f4 = float __attribute__((vector_size(4 * sizeof(float))));
-  using f2 = float __attribute__((vector_size(2 * sizeof(float))));
   f16 acc = f16{};
   for (std::size_t i = 0; i < reduce_block; i += 16) {
     f16 x;
     for (std::size_t l = 0; l < 16; ++l) x[l] = w(base + i + l);
     acc += x;
   }
+  using f8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using f4 = float __attribute__((vector_size(4 * sizeof(float))));
+  using f2 = float __attribute__((vector_size(2 * sizeof(float))));
   f8 const t8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
                 __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
   f4 const t4 =
@@ -408,15 +408,8 @@ struct policy_rows {
   bool history_checked = false;
 
   std::span<float const> operator()(node_index node, std::span<float> buf) const {
-    std::span<float const> const row = logits.row(static_cast<std::size_t>(node));
-    std::span<token_id const> const h = history.at(tree, node);
-    if constexpr (requires { policy.distribution(row, h, buf, specdec::history_checked); }) {
-      if (history_checked) {
-        policy.distribution(row, h, buf, specdec::history_checked);
-        return std::span<float const>(buf.data(), buf.size());
-      }
-    }
-    policy.distribution(row, h, buf);
+    distribution_of(policy, logits.row(static_cast<std::size_t>(node)), history.at(tree, node), buf,
+                    history_checked);
     return std::span<float const>(buf.data(), buf.size());
   }
 };
@@ -492,19 +485,12 @@ class uniform_reader {
   explicit uniform_reader(philox const& rng) noexcept : rng_(rng) {}
   //! `rng.uniform_at(delta)`.
   [[nodiscard]] float at(std::uint64_t delta) noexcept {
-    std::uint64_t const index = rng_.offset() + delta;
-    std::uint64_t const block = index >> 2;
-    if (block != block_) {
-      words_ = philox_block_at(rng_.seed(), rng_.stream(), block);
-      block_ = block;
-    }
-    return word_to_uniform(words_.v[index & 3u]);
+    return word_to_uniform(kept_.word(rng_.seed(), rng_.stream(), rng_.offset() + delta));
   }
 
  private:
   philox const& rng_;
-  std::uint64_t block_ = ~std::uint64_t{0};
-  philox_block words_{};
+  philox_kept_block kept_;
 };
 
 //! Scratch that a sampling walk owns; sized once per vocabulary.
