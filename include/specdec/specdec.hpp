@@ -19,22 +19,23 @@
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/forward.hpp"
+#include "specdec/core/host_device.hpp"
 #include "specdec/core/philox.hpp"
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/stats.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
 
 // sampling/: sampling policies (greedy, sampler), softmax, drawing from a distribution.
-#include "specdec/sampling/kernels.hpp"
+#include "specdec/sampling/draw.hpp"
+#include "specdec/sampling/params.hpp"
 #include "specdec/sampling/policy.hpp"
-#include "specdec/sampling/sample.hpp"
 #include "specdec/sampling/select.hpp"
 #include "specdec/sampling/softmax.hpp"
 
 // verify/: greedy, speculative sampling (chains), tree sampling, typical acceptance.
-#include "specdec/verify/common.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
@@ -69,7 +70,6 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
-#include "specdec/decode/verifier_traits.hpp"
 
 // reference/: slow, obviously correct versions that tests compare against.
 #include "specdec/reference/sampling.hpp"

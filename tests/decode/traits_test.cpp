@@ -4,9 +4,9 @@
 
 #include "decode/toy_model.hpp"
 #include "specdec/backend/cpu/llama.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
-#include "specdec/decode/verifier_traits.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
@@ -25,23 +25,50 @@ using sampled_drafts = sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::
 using skip_sampled = sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample>;
 using lookup = sd::prompt_lookup_proposer;
 
-// What the verifiers of verify/ declare.
+// What the verifiers of verify/ declare, read under the members' own names.
 static_assert(sd::verifier_traits<sd::greedy_verifier>::greedy_only);
-static_assert(!sd::verifier_traits<sd::greedy_verifier>::chains_only);
-static_assert(sd::verifier_traits<sd::speculative_sampling_verifier>::chains_only);
+static_assert(sd::greedy_only_v<sd::greedy_verifier>);
+static_assert(sd::supports_trees_v<sd::greedy_verifier>);
+static_assert(!sd::supports_trees_v<sd::speculative_sampling_verifier>);
+static_assert(!sd::verifier_traits<sd::speculative_sampling_verifier>::supports_trees);
 // Speculative sampling verifies point masses when a chain has no q rows, so it needs none.
-static_assert(
-    !sd::verifier_traits<sd::speculative_sampling_verifier>::requires_draft_probabilities);
-static_assert(!sd::verifier_traits<sd::tree_verifier>::requires_draft_probabilities);
-static_assert(!sd::verifier_traits<sd::tree_verifier>::lossy);
-static_assert(sd::verifier_traits<sd::typical_acceptance_verifier>::lossy);
+static_assert(!sd::needs_draft_probs_v<sd::speculative_sampling_verifier>);
+static_assert(!sd::needs_draft_probs_v<sd::tree_verifier>);
+static_assert(sd::lossless_v<sd::tree_verifier>);
+static_assert(!sd::lossless_v<sd::typical_acceptance_verifier>);
 
 // A type declaring nothing gets the permissive defaults.
 struct bare_verifier {};
-static_assert(!sd::verifier_traits<bare_verifier>::greedy_only);
-static_assert(!sd::verifier_traits<bare_verifier>::chains_only);
-static_assert(!sd::verifier_traits<bare_verifier>::requires_draft_probabilities);
-static_assert(!sd::verifier_traits<bare_verifier>::lossy);
+static_assert(!sd::greedy_only_v<bare_verifier>);
+static_assert(sd::supports_trees_v<bare_verifier>);
+static_assert(!sd::needs_draft_probs_v<bare_verifier>);
+static_assert(sd::lossless_v<bare_verifier>);
+
+// Proposer traits, under the same scheme.
+struct bare_proposer {};
+static_assert(!sd::proposer_traits<bare_proposer>::produces_trees);
+static_assert(!sd::samples_drafts_v<bare_proposer>);
+static_assert(!sd::needs_target_hidden_v<bare_proposer>);
+static_assert(!sd::has_auxiliary_tokens_v<bare_proposer>);
+static_assert(sd::produces_trees_v<sd::prompt_lookup_proposer>);
+static_assert(sd::samples_drafts_v<sampled_drafts>);
+static_assert(!sd::samples_drafts_v<greedy_drafts>);
+
+// A traits specialisation describes a type that cannot declare the members.
+struct foreign_verifier {
+  static constexpr bool supports_trees = true;
+};
+}  // namespace
+template <>
+struct specdec::verifier_traits<foreign_verifier> {
+  static constexpr bool greedy_only = false;
+  static constexpr bool supports_trees = false;
+  static constexpr bool needs_draft_probs = false;
+  static constexpr bool lossless = true;
+};
+namespace {
+static_assert(!sd::supports_trees_v<foreign_verifier>);
+static_assert(!sd::compatible_v<sd::prompt_lookup_proposer, foreign_verifier>);
 
 // Pairings that work.
 static_assert(sd::compatible_v<greedy_drafts, sd::greedy_verifier>);

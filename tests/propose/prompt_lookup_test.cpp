@@ -11,7 +11,7 @@
 
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/philox.hpp"
-#include "specdec/decode/verifier_traits.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"

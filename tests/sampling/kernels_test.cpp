@@ -1,5 +1,5 @@
-// The row kernels' fast passes give bit for bit what their plain definitions give: the block
-// sums of sample_from against one sum_double per block, the four-set row maximum against the
+// The row kernels' fast passes give bit for bit what their plain definitions give: the draw's
+// vectorised row sums against its per-block lane sums, the four-set row maximum against the
 // one-set ordered maximum (signed zeros included), the exp pass without the top-k test or the
 // multiplication against the general pass, the vector exp against the scalar one, the vector
 // `any` against a lane loop, the validation sum, and the one-pass history check against the
@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "rows.hpp"
-#include "specdec/sampling/kernels.hpp"
+#include "specdec/detail/rows.hpp"
+#include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
 
 namespace sd = specdec;
@@ -54,46 +55,41 @@ bool same_bits(float a, float b) {
 
 }  // namespace
 
-TEST_CASE("block_sums_double equals one sum_double per block, bit for bit") {
+TEST_CASE("row_weight_sum equals weight_sum over the row, block sums and total bit for bit") {
   std::mt19937_64 gen(21);
-  constexpr std::size_t block = sd::detail::sample_block;
+  constexpr std::size_t block = sd::detail::reduce_block;
   for (std::size_t n : sizes) {
     for (int rep = 0; rep < 20; ++rep) {
       std::vector<float> p = weights_row(n, gen);
-      std::size_t const blocks = (n + block - 1) / block;
-      std::vector<double> sums(blocks, -1.0);
+      float const* data = p.data();
+      auto const w = [data](std::size_t j) { return data[j]; };
+      std::size_t const blocks = n / block;
+      std::vector<float> sums(blocks + 1, -1.0f), expected_sums(blocks + 1, -1.0f);
       bool bad = true;
-      double const total = sd::detail::block_sums_double(p.data(), n, sums.data(), bad);
-      double expected_total = 0.0;
-      bool expected_bad = false;
+      double const total = sd::detail::row_weight_sum(data, n, sums.data(), bad);
+      double const expected_total = sd::detail::weight_sum(n, w, expected_sums.data());
       for (std::size_t b = 0; b < blocks; ++b) {
-        std::size_t const start = b * block;
-        bool block_bad = false;
-        double const s =
-            sd::detail::sum_double(p.data() + start, std::min(block, n - start), block_bad);
         INFO("n ", n, " block ", b);
-        CHECK(same_bits(sums[b], s));
-        expected_total += s;
-        expected_bad = expected_bad || block_bad;
+        CHECK(same_bits(sums[b], expected_sums[b]));
+        CHECK(same_bits(sums[b], sd::detail::block_sum(b * block, w)));
       }
       INFO("n ", n);
       CHECK(same_bits(total, expected_total));
-      CHECK(bad == expected_bad);
+      CHECK(sums[blocks] == -1.0f);  // nothing written past the whole blocks
       CHECK_FALSE(bad);
     }
   }
 }
 
-TEST_CASE("block_sums_double flags negative and NaN entries wherever they are") {
+TEST_CASE("row_weight_sum flags negative and NaN entries wherever they are") {
   std::mt19937_64 gen(22);
   for (std::size_t n : sizes) {
     for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
       for (float poison : {-1e-30f, -1.0f, std::numeric_limits<float>::quiet_NaN()}) {
         std::vector<float> p = weights_row(n, gen);
         p[at] = poison;
-        std::vector<double> sums((n + sd::detail::sample_block - 1) / sd::detail::sample_block);
         bool bad = false;
-        (void)sd::detail::block_sums_double(p.data(), n, sums.data(), bad);
+        (void)sd::detail::row_weight_sum(p.data(), n, nullptr, bad);
         INFO("n ", n, " at ", at, " value ", poison);
         CHECK(bad);
       }

@@ -397,7 +397,7 @@ TEST_CASE("greedy writes a one-hot row at the argmax, ties to the lowest id") {
   }
 }
 
-TEST_CASE("the history_checked overload gives the same row and skips only an unread history") {
+TEST_CASE("a checked history gives the same row and skips only an unread history's check") {
   std::mt19937_64 gen(81);
   std::vector<float> const l = sampling_test::make_row(sampling_test::row_kind::peaked, 700, gen);
   std::vector<sd::token_id> const h = {1, 2, 3, 1, 650};
@@ -409,17 +409,17 @@ TEST_CASE("the history_checked overload gives the same row and skips only an unr
     }));
     std::vector<float> a(l.size()), b(l.size());
     s.distribution(l, h, a);
-    s.distribution(l, h, b, sd::history_checked);
+    s.distribution(l, sd::token_history::checked(h), b);
     CHECK(a == b);
-    // A bad history: the plain overload always says so; the checked one only where the history
-    // is read (penalties), since the caller vouched for it.
+    // A bad history: an unchecked one always says so; a checked one only where the history is
+    // read (penalties), since the caller vouched for it.
     std::vector<sd::token_id> const bad = {1, 700};
     check_error([&] { s.distribution(l, bad, a); }, sd::errc::out_of_range, "history[1] = 700");
     if (penalties)
-      check_error([&] { s.distribution(l, bad, b, sd::history_checked); }, sd::errc::out_of_range,
-                  "history[1] = 700");
+      check_error([&] { s.distribution(l, sd::token_history::checked(bad), b); },
+                  sd::errc::out_of_range, "history[1] = 700");
     else
-      CHECK_NOTHROW(s.distribution(l, bad, b, sd::history_checked));
+      CHECK_NOTHROW(s.distribution(l, sd::token_history::checked(bad), b));
   }
 }
 

@@ -1,6 +1,6 @@
 // sample_from (inverse CDF) and argmax: exact semantics, errors, agreement with the sequential
 // double reference, and a chi-square test of sampler::sample over 100,000 Philox draws.
-#include "specdec/sampling/sample.hpp"
+#include "specdec/sampling/draw.hpp"
 
 #include <doctest/doctest.h>
 

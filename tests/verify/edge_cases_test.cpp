@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "specdec/core/error.hpp"
+#include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
-#include "specdec/sampling/sample.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
@@ -508,9 +508,9 @@ TEST_CASE("the walk's uniform reader gives uniform_at's values in any order of o
   }
 }
 
-TEST_CASE("verify with history_checked decides as verify, for chains and trees") {
-  // The overload only spares the policy its history check; decisions and generator use must not
-  // change, whatever the rows.
+TEST_CASE("verify with a checked history decides as with an unchecked one, chains and trees") {
+  // A checked history only spares the policy its history check; decisions and generator use must
+  // not change, whatever the rows.
   constexpr std::size_t vocab = 50;
   std::mt19937_64 gen(91);
   std::normal_distribution<float> logit(0.0f, 2.0f);
@@ -531,9 +531,9 @@ TEST_CASE("verify with history_checked decides as verify, for chains and trees")
     philox r1(static_cast<std::uint64_t>(rep)), r2 = r1, r3 = r1, r4 = r1;
     verify_result a, b, c, d;
     s.verify(tree, view(logits, vocab), policy, history, r1, a);
-    s.verify(tree, view(logits, vocab), policy, history, r2, b, specdec::history_checked);
+    s.verify(tree, view(logits, vocab), policy, specdec::token_history::checked(history), r2, b);
     t.verify(tree, view(logits, vocab), policy, history, r3, c);
-    t.verify(tree, view(logits, vocab), policy, history, r4, d, specdec::history_checked);
+    t.verify(tree, view(logits, vocab), policy, specdec::token_history::checked(history), r4, d);
     CHECK(a.tokens == b.tokens);
     CHECK(a.accepted_nodes == b.accepted_nodes);
     CHECK(c.tokens == d.tokens);

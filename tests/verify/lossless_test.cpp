@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
-#include "specdec/sampling/sample.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"

@@ -12,8 +12,8 @@
 #include "harness.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/philox.hpp"
+#include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
-#include "specdec/sampling/sample.hpp"
 
 namespace verify_test {
 

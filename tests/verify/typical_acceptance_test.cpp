@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
-#include "specdec/sampling/sample.hpp"
 #include "specdec/verify/typical_acceptance.hpp"
 
 namespace {

@@ -1,8 +1,9 @@
 #pragma once
 //! \file
 //! The five concepts through which the pieces of specdec plug together: `sampling_policy`,
-//! `verifier`, `proposer`, `kv_cache` and `causal_lm`, plus the compile-time capability traits of
-//! proposers. Each requirement is listed with the reason it exists.
+//! `verifier`, `proposer`, `kv_cache` and `causal_lm` (and `auxiliary_proposer`, a proposer that
+//! scores tokens beside its tree). Each requirement is listed with the reason it exists. The
+//! compile-time capabilities of proposers and verifiers are in core/traits.hpp.
 
 #include <concepts>
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include "specdec/core/forward.hpp"
 #include "specdec/core/philox.hpp"
 #include "specdec/core/propose_context.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
@@ -28,6 +30,8 @@ namespace specdec {
 //! Requirements:
 //! - `p.distribution(logits, history, probs)` writes into `probs` (same length as `logits`) the
 //!   distribution the policy samples from; it sums to 1 (one-hot at the argmax for greedy).
+//!   `history` is a `token_history` (the library's callers pass one, which says whether its ids
+//!   were checked); a policy may take it as a plain span of token ids instead.
 //!   Why: verifiers need the exact target distribution p, and sampling proposers the exact draft
 //!   distribution q, for speculation to be lossless under every sampling parameter.
 //! - `p.sample(probs, rng)` returns a token drawn from `probs` using one word of `rng`.
@@ -39,32 +43,13 @@ namespace specdec {
 //!   the policy's logit processing; ties go to the lowest id).
 //!   Why: greedy verifiers read a row once and write nothing.
 template <class P>
-concept sampling_policy = requires(P const& p, std::span<float const> logits,
-                                   std::span<token_id const> history, std::span<float> probs,
-                                   philox& rng) {
+concept sampling_policy = requires(P const& p, std::span<float const> logits, token_history history,
+                                   std::span<float> probs, philox& rng) {
   p.distribution(logits, history, probs);
   { p.sample(std::span<float const>(probs), rng) } -> std::same_as<token_id>;
   { p.is_greedy() } -> std::convertible_to<bool>;
   { p.greedy_token(logits, history) } -> std::same_as<token_id>;
 };
-
-namespace detail {
-
-//! `policy.distribution(logits, history, probs)`, telling the policy that `history` is already
-//! checked (`history_checked_t`) when `checked` and the policy takes the tag.
-template <sampling_policy P>
-void distribution_of(P const& policy, std::span<float const> logits,
-                     std::span<token_id const> history, std::span<float> probs, bool checked) {
-  if constexpr (requires { policy.distribution(logits, history, probs, history_checked); }) {
-    if (checked) {
-      policy.distribution(logits, history, probs, history_checked);
-      return;
-    }
-  }
-  policy.distribution(logits, history, probs);
-}
-
-}  // namespace detail
 
 //! A verifier: walks a draft tree against the target's rows and decides the accepted path and the
 //! bonus token.
@@ -72,8 +57,9 @@ void distribution_of(P const& policy, std::span<float const> logits,
 //! Requirements:
 //! - `v.verify(tree, target_logits, policy, history, rng, out)` fills `out` with the accepted
 //!   nodes and tokens plus the bonus token. `target_logits` has one row per tree node (row i is the
-//!   target's next-token logits after the path to node i); `history` is every committed token, the
-//!   root last (penalty-aware policies extend it with the path of each node they score).
+//!   target's next-token logits after the path to node i); `history` (a `token_history`, or a
+//!   span of token ids) is every committed token, the root last (penalty-aware policies extend it
+//!   with the path of each node they score).
 //!   Why: one call per sequence and step is the loop's third stage; `out` is reused so the hot
 //!   loop does not allocate; `rng` is advanced by a documented, outcome-independent count so that
 //!   host and device consume the same words.
@@ -81,8 +67,7 @@ void distribution_of(P const& policy, std::span<float const> logits,
 template <class V, class Policy>
 concept verifier = sampling_policy<Policy> &&
     requires(V& v, draft_tree const& tree, matrix_view<float const> target_logits,
-             Policy const& policy, std::span<token_id const> history, philox& rng,
-             verify_result& out) {
+             Policy const& policy, token_history history, philox& rng, verify_result& out) {
   v.verify(tree, target_logits, policy, history, rng, out);
 };
 
@@ -97,38 +82,15 @@ concept verifier = sampling_policy<Policy> &&
 //! - `p.accept(result)` is told which nodes were accepted and the bonus token.
 //!   Why: proposers with state (a draft KV cache, an n-gram index) roll back or extend it.
 //! Capabilities that change the loop are declared as static constexpr bool members and read
-//! through the traits below: `produces_trees`, `samples_drafts` (the tree carries q rows and needs
-//! a verifier that uses them), `needs_target_hidden`, `has_auxiliary_tokens` (see
-//! `auxiliary_proposer`).
+//! through `proposer_traits` (core/traits.hpp): `produces_trees`, `samples_drafts` (the tree
+//! carries q rows and needs a verifier that uses them), `needs_target_hidden`,
+//! `has_auxiliary_tokens` (see `auxiliary_proposer`).
 template <class P>
 concept proposer = requires(P& p, propose_context const& ctx, draft_tree& out,
                             verify_result const& r, std::span<token_id const> prompt) {
   p.begin(prompt);
   p.propose(ctx, out);
   p.accept(r);
-};
-
-//! Whether proposer P may emit trees with more than one child per node.
-template <class P>
-inline constexpr bool produces_trees_v = requires {
-  requires static_cast<bool>(P::produces_trees);
-};
-//! Whether proposer P samples its drafts and records their q rows.
-template <class P>
-inline constexpr bool samples_drafts_v = requires {
-  requires static_cast<bool>(P::samples_drafts);
-};
-//! Whether proposer P reads the target's hidden states (`propose_context::target_hidden`).
-template <class P>
-inline constexpr bool needs_target_hidden_v = requires {
-  requires static_cast<bool>(P::needs_target_hidden);
-};
-
-//! Whether proposer P scores auxiliary tokens beside its tree and observes the target's rows
-//! (see `auxiliary_proposer`).
-template <class P>
-inline constexpr bool has_auxiliary_tokens_v = requires {
-  requires static_cast<bool>(P::has_auxiliary_tokens);
 };
 
 //! A proposer that adds auxiliary tokens to the target forward of each step and learns from the
@@ -155,7 +117,7 @@ inline constexpr bool has_auxiliary_tokens_v = requires {
 //! The auxiliary KV entries are dropped when the step is committed (only the root and the
 //! accepted nodes are kept), so a proposer can put anything there.
 template <class P>
-concept auxiliary_proposer = proposer<P> && has_auxiliary_tokens_v<P> &&
+concept auxiliary_proposer = proposer<P> && proposer_traits<P>::has_auxiliary_tokens &&
     requires(P& p, propose_context const& ctx, draft_tree const& tree, auxiliary_batch& aux,
              matrix_view<float const> rows, verify_result const& r) {
   p.auxiliary(ctx, tree, aux);

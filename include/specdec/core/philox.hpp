@@ -11,11 +11,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SPECDEC_HOST_DEVICE __host__ __device__
-#else
-#define SPECDEC_HOST_DEVICE
-#endif
+#include "specdec/core/host_device.hpp"
 
 namespace specdec {
 

@@ -26,7 +26,7 @@
 #include "specdec/core/stats.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/decode/common.hpp"
-#include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/decode/detail/phase_timer.hpp"
 
 namespace specdec {
 
@@ -109,12 +109,12 @@ class autoregressive_decoder {
       std::span<float const> const row = fwd_.logits_view().at_row(0);
       token_id next = no_token;
       if (policy_.is_greedy()) {
-        next = policy_.greedy_token(row, committed);
+        next = policy_.greedy_token(row, token_history::checked(committed));
         rng.skip(1);
       } else {
         // The committed tokens were checked as they were committed (the prompt by check_prompt,
         // each drawn token below).
-        detail::distribution_of(policy_, row, committed, probs_, true);
+        policy_.distribution(row, token_history::checked(committed), probs_);
         next = policy_.sample(std::span<float const>(probs_), rng);
       }
       SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,

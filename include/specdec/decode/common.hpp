@@ -246,5 +246,25 @@ class token_sink {
   bool done_ = false;
 };
 
+//! The positions the target cache can hold: the smaller of the model's context and the cache's
+//! capacity.
+template <class Model>
+[[nodiscard]] std::size_t context_capacity(Model& model) {
+  return std::min<std::size_t>(model.max_context(), model.cache().capacity());
+}
+
+//! Checks a prompt for a model of `vocab` tokens and `capacity` positions.
+inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, std::size_t capacity,
+                         char const* where) {
+  SPECDEC_CHECK(!prompt.empty(), invalid_argument, where,
+                ": the prompt is empty (it needs at least one token, e.g. BOS)");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    SPECDEC_CHECK(prompt[i] >= 0 && static_cast<std::size_t>(prompt[i]) < vocab, out_of_range,
+                  where, ": prompt token ", prompt[i], " at index ", i,
+                  " is outside the vocabulary of ", vocab);
+  SPECDEC_CHECK(prompt.size() <= capacity, context_overflow, where, ": a prompt of ", prompt.size(),
+                " tokens does not fit the context of ", capacity, " positions");
+}
+
 }  // namespace detail
 }  // namespace specdec

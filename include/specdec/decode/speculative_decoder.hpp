@@ -45,105 +45,14 @@
 #include "specdec/core/philox.hpp"
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/stats.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
 #include "specdec/decode/common.hpp"
-#include "specdec/decode/verifier_traits.hpp"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
+#include "specdec/decode/detail/phase_timer.hpp"
 
 namespace specdec {
-
-namespace detail {
-
-//! Seconds elapsed since `start` on the steady clock.
-[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) noexcept {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-//! A cheap monotonic tick counter: the processor's time-stamp counter on x86 (one instruction,
-//! about half the cost of a steady_clock read; invariant on the processors this library runs on),
-//! steady_clock nanoseconds elsewhere.
-[[nodiscard]] inline std::uint64_t tick_count() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  return __rdtsc();
-#else
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-#endif
-}
-
-//! The phases a decoder times.
-enum class phase : std::size_t { prefill, propose, score, verify, commit };
-
-//! Times the phases of one request back to back, one `tick_count()` per phase boundary, so that
-//! they cover the whole decode loop: `lap(p)` adds the ticks since the previous boundary to phase
-//! p and makes now the next boundary. `finish` converts ticks to seconds at the rate measured
-//! against steady_clock over the timer's life (a steady_clock read at each end) and writes the
-//! phase totals and `total_seconds` into the request's statistics.
-class phase_timer {
- public:
-  //! A timer whose first phase starts now.
-  phase_timer() noexcept
-      : start_time_(std::chrono::steady_clock::now()), start_(tick_count()), last_(start_) {}
-
-  //! Ends the current phase, counting it as `p`; the next phase starts now.
-  void lap(phase p) noexcept {
-    std::uint64_t const now = tick_count();
-    // A counter read on another core may lag by a few ticks: such a phase counts as 0.
-    ticks_[static_cast<std::size_t>(p)] += now > last_ ? now - last_ : 0;
-    last_ = now;
-  }
-
-  //! Writes the phase seconds into `stats` and `total_seconds` since `request_start`.
-  void finish(request_stats& stats, std::chrono::steady_clock::time_point request_start) const {
-    std::uint64_t const end = tick_count();
-    auto const end_time = std::chrono::steady_clock::now();
-    double const elapsed = std::chrono::duration<double>(end_time - start_time_).count();
-    double const per_tick = end > start_ ? elapsed / static_cast<double>(end - start_) : 0.0;
-    auto const seconds = [&](phase p) {
-      return static_cast<double>(ticks_[static_cast<std::size_t>(p)]) * per_tick;
-    };
-    stats.prefill_seconds = seconds(phase::prefill);
-    stats.propose_seconds = seconds(phase::propose);
-    stats.score_seconds = seconds(phase::score);
-    stats.verify_seconds = seconds(phase::verify);
-    stats.commit_seconds = seconds(phase::commit);
-    stats.total_seconds = std::chrono::duration<double>(end_time - request_start).count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_time_;
-  std::uint64_t start_;
-  std::uint64_t last_;
-  std::uint64_t ticks_[5] = {};
-};
-
-//! The positions the target cache can hold: the smaller of the model's context and the cache's
-//! capacity.
-template <class Model>
-[[nodiscard]] std::size_t context_capacity(Model& model) {
-  return std::min<std::size_t>(model.max_context(), model.cache().capacity());
-}
-
-//! Checks a prompt for a model of `vocab` tokens and `capacity` positions.
-inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, std::size_t capacity,
-                         char const* where) {
-  SPECDEC_CHECK(!prompt.empty(), invalid_argument, where,
-                ": the prompt is empty (it needs at least one token, e.g. BOS)");
-  for (std::size_t i = 0; i < prompt.size(); ++i)
-    SPECDEC_CHECK(prompt[i] >= 0 && static_cast<std::size_t>(prompt[i]) < vocab, out_of_range,
-                  where, ": prompt token ", prompt[i], " at index ", i,
-                  " is outside the vocabulary of ", vocab);
-  SPECDEC_CHECK(prompt.size() <= capacity, context_overflow, where, ": a prompt of ", prompt.size(),
-                " tokens does not fit the context of ", capacity, " positions");
-}
-
-}  // namespace detail
 
 //! Speculative decoding of one sequence at a time: DESIGN.md's loop (see the file comment).
 //!
@@ -160,14 +69,13 @@ inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, st
 template <causal_lm Model, proposer Proposer, class Verifier, sampling_policy Policy>
 requires verifier<Verifier, Policy>
 class speculative_decoder {
-  static_assert(!(samples_drafts_v<Proposer> && verifier_traits<Verifier>::greedy_only),
+  static_assert(!(samples_drafts_v<Proposer> && greedy_only_v<Verifier>),
                 "speculative_decoder: this proposer samples its drafts (and records q rows); a "
                 "greedy-only verifier would ignore them. Use a sampling verifier.");
-  static_assert(!(verifier_traits<Verifier>::requires_draft_probabilities &&
-                  !samples_drafts_v<Proposer>),
+  static_assert(!(needs_draft_probs_v<Verifier> && !samples_drafts_v<Proposer>),
                 "speculative_decoder: this verifier needs draft probabilities (q rows) but the "
                 "proposer drafts deterministic candidates. Use a greedy or tree verifier.");
-  static_assert(!(produces_trees_v<Proposer> && verifier_traits<Verifier>::chains_only),
+  static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
                 "speculative_decoder: this proposer drafts trees but the verifier handles chains "
                 "only. Use a tree verifier.");
   static_assert(!has_auxiliary_tokens_v<Proposer> || auxiliary_proposer<Proposer>,
@@ -313,13 +221,8 @@ class speculative_decoder {
       matrix_view<float const> const tree_logits = fwd_.logits_view().subrows(0, n);
       // The committed tokens were checked as they were committed (the prompt by check_prompt,
       // the rest by the verifier that produced them).
-      if constexpr (requires {
-                      verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_,
-                                       history_checked);
-                    })
-        verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_, history_checked);
-      else
-        verifier_.verify(tree_, tree_logits, policy_, committed, rng, result_);
+      verifier_.verify(tree_, tree_logits, policy_, token_history::checked(committed), rng,
+                       result_);
       timer.lap(detail::phase::verify);
       SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
                     "speculative_decoder: the verifier returned ", result_.tokens.size(),

@@ -19,10 +19,9 @@
 //! - `draft_mode::greedy`: d_i = policy.greedy_token(draft row, history); the drafts are
 //!   deterministic candidates (no q rows); pair with a greedy or tree verifier.
 //! - `draft_mode::sample`: d_i is drawn from q_i = policy.distribution(draft row, history) with one
-//!   word of the request's Philox stream, by the verifiers' draw rule (verify/common.hpp: an
-//!   inverse CDF over float block sums, cheaper than `sample_from`'s double ones), and q_i is
-//!   recorded as the tree's q row i - 1; pair with a speculative-sampling (or tree) verifier,
-//!   which accepts with min(1, p/q). Lossless.
+//!   word of the request's Philox stream, by the draw rule of sampling/draw.hpp (as
+//!   `policy.sample` draws), and q_i is recorded as the tree's q row i - 1; pair with a
+//!   speculative-sampling (or tree) verifier, which accepts with min(1, p/q). Lossless.
 //!
 //! Options: a confidence cutoff (stop drafting when the draft's top probability under its plain
 //! softmax falls below a threshold; the first draft token is always drafted) and an adaptive draft
@@ -46,7 +45,7 @@
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
-#include "specdec/verify/common.hpp"
+#include "specdec/sampling/draw.hpp"
 
 namespace specdec {
 
@@ -158,10 +157,10 @@ class chain_drafter {
       token_id next = no_token;
       if constexpr (Mode == draft_mode::sample) {
         std::span<float> const q = tree.q_row(parent);
-        distribution_of(policy_, row, cached_, q, true);  // feed checked the cache
+        policy_.distribution(row, token_history::checked(cached_), q);  // `feed` checked it
         next = draw_draft(q, ctx.rng->uniform(), parent);
       } else {
-        next = policy_.greedy_token(row, cached_);
+        next = policy_.greedy_token(row, token_history::checked(cached_));
       }
       SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
                     "draft proposer: the policy produced token ", next,
@@ -225,8 +224,8 @@ class chain_drafter {
     cached_.resize(s);
   }
 
-  //! The draft token drawn from q with uniform u, by the verifiers' draw rule (verify/common.hpp:
-  //! an inverse CDF over float block sums, one word of the stream like `policy.sample`).
+  //! The draft token drawn from q with uniform u by the draw rule (sampling/draw.hpp; what
+  //! `policy.sample` draws with the same word), with an error naming the draft's node.
   static token_id draw_draft(std::span<float const> q, float u, node_index parent) {
     double total = 0.0;
     std::size_t const i = draw_index(q, u, total);

@@ -31,7 +31,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/propose/lookahead.hpp"
+#include "specdec/sampling/draw.hpp"
 
 namespace specdec {
 

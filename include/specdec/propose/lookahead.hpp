@@ -51,7 +51,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/sampling/kernels.hpp"
+#include "specdec/sampling/draw.hpp"
 
 namespace specdec {
 
@@ -184,17 +184,6 @@ class ngram_pool {
   std::vector<std::uint32_t> counts_;      //!< [slots] continuations per slot
   std::vector<token_id> entries_;          //!< [slots, capacity, length]
 };
-
-//! The index of the largest value of `row` that is not NaN (the lowest index on ties; 0 when every
-//! entry is NaN). One vectorised pass (`argmax_index`).
-[[nodiscard]] inline token_id argmax_token(std::span<float const> row) noexcept {
-  std::int64_t const a = row.empty() ? -1 : argmax_index(row.data(), row.size());
-  if (a >= 0) return static_cast<token_id>(a);
-  // Nothing above -inf: the first -inf entry, if any.
-  for (std::size_t i = 0; i < row.size(); ++i)
-    if (row[i] == -INFINITY) return static_cast<token_id>(i);
-  return 0;
-}
 
 }  // namespace detail
 

@@ -15,7 +15,7 @@
 
 #include "specdec/core/error.hpp"
 #include "specdec/core/types.hpp"
-#include "specdec/sampling/policy.hpp"
+#include "specdec/sampling/params.hpp"
 
 namespace specdec {
 

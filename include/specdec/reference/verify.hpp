@@ -30,7 +30,7 @@
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
 #include "specdec/reference/sampling.hpp"
-#include "specdec/sampling/policy.hpp"
+#include "specdec/sampling/params.hpp"
 
 namespace specdec::reference {
 

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! Sampling policies: `sampling_params`, the general `sampler` (logit bias, repetition /
+//! Sampling policies: the general `sampler` (logit bias, repetition /
 //! frequency / presence penalties, temperature, top-k, top-p, min-p) and the pure `greedy`
 //! policy. Both model `specdec::sampling_policy` (core/concepts.hpp).
 
@@ -17,56 +17,13 @@
 #include "specdec/core/error.hpp"
 #include "specdec/core/philox.hpp"
 #include "specdec/core/types.hpp"
-#include "specdec/sampling/kernels.hpp"
-#include "specdec/sampling/sample.hpp"
+#include "specdec/detail/rows.hpp"
+#include "specdec/sampling/draw.hpp"
+#include "specdec/sampling/params.hpp"
 #include "specdec/sampling/select.hpp"
 #include "specdec/sampling/softmax.hpp"
 
 namespace specdec {
-
-//! The parameters of a `sampler`. Defaults leave the distribution untouched (plain softmax).
-struct sampling_params {
-  float temperature = 1.0f;  //!< >= 0, finite; 0 = greedy (argmax of the processed logits)
-  std::int32_t top_k = 0;    //!< >= 0; keep the k most likely tokens; 0 = off
-  float top_p = 1.0f;        //!< in (0, 1]; keep the smallest set with mass >= top_p; 1 = off
-  float min_p = 0.0f;        //!< in [0, 1]; drop tokens with prob < min_p * max prob; 0 = off
-  //! > 0, finite; CTRL / HF rule for tokens in the history: logit > 0 ? l / r : l * r; 1 = off
-  float repetition_penalty = 1.0f;
-  float frequency_penalty = 0.0f;  //!< finite; l -= f * count(token in history); 0 = off
-  float presence_penalty = 0.0f;   //!< finite; l -= p if the token is in the history; 0 = off
-  //! (token, bias) pairs: l += bias. Token ids >= 0 (checked against the vocabulary per row);
-  //! a bias is finite or -inf (which bans the token). Repeated tokens add up, in order.
-  std::vector<std::pair<token_id, float>> logit_bias;
-
-  //! Throws `errc::invalid_argument` naming the field and its value when a parameter is outside
-  //! its domain, and `errc::out_of_range` for a negative token id in `logit_bias`.
-  void validate() const {
-    auto const finite = [](float v) { return std::isfinite(v); };
-    SPECDEC_CHECK(finite(temperature) && temperature >= 0.0f, invalid_argument,
-                  "sampling_params: temperature = ", temperature, " must be finite and >= 0");
-    SPECDEC_CHECK(top_k >= 0, invalid_argument, "sampling_params: top_k = ", top_k,
-                  " must be >= 0 (0 = off)");
-    SPECDEC_CHECK(top_p > 0.0f && top_p <= 1.0f, invalid_argument,
-                  "sampling_params: top_p = ", top_p, " must be in (0, 1] (1 = off)");
-    SPECDEC_CHECK(min_p >= 0.0f && min_p <= 1.0f, invalid_argument,
-                  "sampling_params: min_p = ", min_p, " must be in [0, 1] (0 = off)");
-    SPECDEC_CHECK(finite(repetition_penalty) && repetition_penalty > 0.0f, invalid_argument,
-                  "sampling_params: repetition_penalty = ", repetition_penalty,
-                  " must be finite and > 0 (1 = off)");
-    SPECDEC_CHECK(finite(frequency_penalty), invalid_argument,
-                  "sampling_params: frequency_penalty = ", frequency_penalty, " must be finite");
-    SPECDEC_CHECK(finite(presence_penalty), invalid_argument,
-                  "sampling_params: presence_penalty = ", presence_penalty, " must be finite");
-    for (std::size_t i = 0; i < logit_bias.size(); ++i) {
-      auto const [token, bias] = logit_bias[i];
-      SPECDEC_CHECK(token >= 0, out_of_range, "sampling_params: logit_bias[", i, "] has token id ",
-                    token, " (negative)");
-      SPECDEC_CHECK(finite(bias) || bias == -std::numeric_limits<float>::infinity(),
-                    invalid_argument, "sampling_params: logit_bias[", i, "] (token ", token,
-                    ") = ", bias, " must be finite or -inf");
-    }
-  }
-};
 
 namespace detail {
 
@@ -148,19 +105,12 @@ class sampler {
 
   //! Writes into `probs` ([V], same size as `logits`, may be the same buffer) the distribution
   //! this policy samples from given `logits` ([V]) and `history` (every token so far, for the
-  //! penalties). Sums to 1; one-hot when `is_greedy()`.
-  void distribution(std::span<float const> logits, std::span<token_id const> history,
+  //! penalties). Sums to 1; one-hot when `is_greedy()`. The history's ids are checked against the
+  //! vocabulary unless it is a checked history (`token_history::checked`) and the sampler has no
+  //! penalties (then it reads no id of it): the same row either way.
+  void distribution(std::span<float const> logits, token_history history,
                     std::span<float> probs) const {
-    distribution_impl(logits, history, probs, true);
-  }
-
-  //! `distribution(logits, history, probs)` for a caller that has checked every token of
-  //! `history` against the vocabulary itself (as a draft proposer does when it appends tokens to
-  //! its cache): without penalties the history is read only by that check, which is then skipped;
-  //! with penalties it is checked as in `distribution`. The same row.
-  void distribution(std::span<float const> logits, std::span<token_id const> history,
-                    std::span<float> probs, history_checked_t /*checked*/) const {
-    distribution_impl(logits, history, probs, penalties_);
+    distribution_impl(logits, history.tokens(), probs, penalties_ || !history.is_checked());
   }
 
  private:
@@ -272,12 +222,14 @@ class sampler {
 
   //! The argmax of the logits after logit bias and penalties, ties to the lowest id (the token a
   //! greedy sampler emits). Same errors as `distribution()`.
-  [[nodiscard]] token_id greedy_token(std::span<float const> logits,
-                                      std::span<token_id const> history) const {
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits, token_history history) const {
     constexpr char const* who = "sampler::greedy_token";
     SPECDEC_CHECK(!logits.empty(), invalid_argument, who, ": empty logits row");
     std::size_t const vocab = logits.size();
-    check_tokens(history, vocab, who);
+    // The logit bias's ids are always checked; the history's unless it is checked and unread.
+    check_tokens(
+        penalties_ || !history.is_checked() ? history.tokens() : std::span<token_id const>(), vocab,
+        who);
     std::span<float const> row = logits;
     if (has_processing(history)) {
       std::vector<float>& tmp = detail::thread_scratch<float, 2>(vocab);
@@ -380,7 +332,7 @@ class sampler {
 class greedy {
  public:
   //! Writes the one-hot row at `greedy_token(logits, history)` into `probs` ([V], same size).
-  void distribution(std::span<float const> logits, std::span<token_id const> history,
+  void distribution(std::span<float const> logits, token_history history,
                     std::span<float> probs) const {
     detail::check_row_shapes(logits, probs, "greedy::distribution");
     token_id const t = greedy_token(logits, history);
@@ -398,10 +350,10 @@ class greedy {
 
   //! The argmax of `logits`, ties to the lowest id. Throws `errc::numerical` for a NaN or +inf
   //! logit or a row with no finite entry, `errc::out_of_range` for a history token outside [0, V).
-  [[nodiscard]] token_id greedy_token(std::span<float const> logits,
-                                      std::span<token_id const> history) const {
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits, token_history history) const {
     SPECDEC_CHECK(!logits.empty(), invalid_argument, "greedy::greedy_token: empty logits row");
-    detail::check_history(history, logits.size(), "greedy::greedy_token");
+    if (!history.is_checked())
+      detail::check_history(history, logits.size(), "greedy::greedy_token");
     detail::row_summary const s = detail::summarize_row(logits, "greedy::greedy_token");
     return static_cast<token_id>(detail::first_equal(logits.data(), logits.size(), s.max));
   }

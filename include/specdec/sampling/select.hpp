@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "specdec/sampling/kernels.hpp"
+#include "specdec/detail/rows.hpp"
 
 namespace specdec::detail {
 

@@ -6,7 +6,7 @@
 #include <span>
 
 #include "specdec/core/error.hpp"
-#include "specdec/sampling/kernels.hpp"
+#include "specdec/detail/rows.hpp"
 
 namespace specdec {
 

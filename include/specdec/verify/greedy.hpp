@@ -12,8 +12,8 @@
 //! Cost: one `greedy_token` call per walked row (each row read once); nothing is written per row;
 //! rows off the walked path are never read.
 //!
-//! RNG contract: that of every verifier (verify/common.hpp). Greedy verification reads no word, but
-//! still advances `rng` by exactly tree.size() words, whatever the outcome.
+//! RNG contract: that of every verifier (verify/detail/walk.hpp). Greedy verification reads no
+//! word, but still advances `rng` by exactly tree.size() words, whatever the outcome.
 
 #include <cstddef>
 #include <span>
@@ -25,7 +25,9 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/verify/common.hpp"
+#include "specdec/verify/detail/batch.hpp"
+#include "specdec/verify/detail/checks.hpp"
+#include "specdec/verify/detail/walk.hpp"
 
 namespace specdec {
 
@@ -53,7 +55,7 @@ class greedy_verifier : public detail::batch_entry_points<greedy_verifier> {
   //! error `rng` is unchanged. Advances `rng` by tree.size().
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
-              std::span<token_id const> history, philox& rng, verify_result& out) {
+              token_history history, philox& rng, verify_result& out) {
     SPECDEC_CHECK(policy.is_greedy(), invalid_argument,
                   "greedy_verifier: the sampling policy is not greedy (use a sampling verifier, "
                   "e.g. speculative_sampling_verifier or tree_verifier)");

@@ -21,7 +21,7 @@
 //! deterministic candidates): d_i is accepted iff p > 0 and (p >= 1 or u < p), and on rejection
 //! the token is drawn from p_{i-1} with d_i removed.
 //!
-//! RNG contract: that of every verifier (verify/common.hpp). The test of d_i reads word
+//! RNG contract: that of every verifier (verify/detail/walk.hpp). The test of d_i reads word
 //! offset() + i; the final draw (residual or bonus) reads word offset() + 0 and follows the draw
 //! rule stated there.
 //!
@@ -48,7 +48,8 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/verify/common.hpp"
+#include "specdec/verify/detail/batch.hpp"
+#include "specdec/verify/detail/walk.hpp"
 
 namespace specdec {
 
@@ -76,20 +77,9 @@ class speculative_sampling_verifier
   //! massless rows. On error `rng` is unchanged. Advances `rng` by tree.size().
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
-              std::span<token_id const> history, philox& rng, verify_result& out) {
+              token_history history, philox& rng, verify_result& out) {
     check_chain(tree);
     core_.verify(name, tree, target_logits, policy, history, rng, out);
-  }
-
-  //! `verify` for a caller that has checked every token of `history` against the vocabulary
-  //! (`history_checked_t`; a decoder's committed tokens): the policy is not asked to check it
-  //! again at every row. The same result.
-  template <sampling_policy Policy>
-  void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
-              std::span<token_id const> history, philox& rng, verify_result& out,
-              history_checked_t /*checked*/) {
-    check_chain(tree);
-    core_.verify(name, tree, target_logits, policy, history, rng, out, true);
   }
 
   //! The same over target distribution rows `target_probs` ([tree.size(), vocab], row i = p_i,

@@ -28,9 +28,9 @@
 //! masses (the children covered p's whole support), the token is the last rejected child with
 //! p > 0, which held the remaining mass.
 //!
-//! RNG contract: that of every verifier (verify/common.hpp). The test of node j (sampled child or
-//! point mass) reads word offset() + j; the final draw (residual or bonus) reads word offset() + 0
-//! and follows the draw rule stated there.
+//! RNG contract: that of every verifier (verify/detail/walk.hpp). The test of node j (sampled child
+//! or point mass) reads word offset() + j; the final draw (residual or bonus) reads word offset() +
+//! 0 and follows the draw rule stated there.
 //!
 //! Cost: only rows on the walked path are processed (one `distribution` each); acceptance tests
 //! are gathers; a rejected sampled child costs one residual pass over the vocabulary (a rejected
@@ -51,7 +51,8 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/verify/common.hpp"
+#include "specdec/verify/detail/batch.hpp"
+#include "specdec/verify/detail/walk.hpp"
 
 namespace specdec {
 
@@ -77,18 +78,8 @@ class tree_verifier : public detail::batch_entry_points<tree_verifier> {
   //! Advances `rng` by tree.size().
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
-              std::span<token_id const> history, philox& rng, verify_result& out) {
+              token_history history, philox& rng, verify_result& out) {
     core_.verify(name, tree, target_logits, policy, history, rng, out);
-  }
-
-  //! `verify` for a caller that has checked every token of `history` against the vocabulary
-  //! (`history_checked_t`; a decoder's committed tokens): the policy is not asked to check it
-  //! again at every row. The same result.
-  template <sampling_policy Policy>
-  void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
-              std::span<token_id const> history, philox& rng, verify_result& out,
-              history_checked_t /*checked*/) {
-    core_.verify(name, tree, target_logits, policy, history, rng, out, true);
   }
 
   //! The same over target distribution rows `target_probs` ([tree.size(), vocab], row i = the

@@ -8,14 +8,14 @@
 //! accepted iff p(x) > min(epsilon, delta * exp(-H(p))) (evaluated in double). A node is reached
 //! when every node on its path was accepted. The accepted path is the one to the deepest reached
 //! node (ties: the lowest node index, i.e. the earliest drafted). The bonus token is drawn from p
-//! at that last node with the uniform of word offset() + 0 (the inverse-CDF rule of
-//! verify/common.hpp), so it follows the policy: with a greedy policy it is the argmax, as in
+//! at that last node with the uniform of word offset() + 0 (the draw rule of
+//! sampling/draw.hpp), so it follows the policy: with a greedy policy it is the argmax, as in
 //! Medusa's greedy mode; with temperature/top-k/top-p it is a policy sample. With a greedy policy
 //! p is one-hot, so exactly the children equal to the greedy token are accepted (epsilon < 1).
 //! q rows are ignored.
 //!
-//! RNG contract: that of every verifier (verify/common.hpp). The acceptance tests read no word; the
-//! bonus reads word offset() + 0.
+//! RNG contract: that of every verifier (verify/detail/walk.hpp). The acceptance tests read no
+//! word; the bonus reads word offset() + 0.
 //!
 //! Cost: one `distribution` and one entropy pass per reached node that has children, plus the
 //! last node's row when it is a leaf; unreached rows are never read.
@@ -23,8 +23,10 @@
 //! Validation: token ids < vocab, one target row per node, the q vocabulary when q rows exist (q
 //! rows themselves are not read, so they are not validated); every value read is checked.
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -36,9 +38,61 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/verify/common.hpp"
+#include "specdec/sampling/draw.hpp"
+#include "specdec/verify/detail/batch.hpp"
+#include "specdec/verify/detail/checks.hpp"
+#include "specdec/verify/detail/walk.hpp"
 
 namespace specdec {
+
+namespace detail {
+
+//! -x ln x for a normal positive float x, accurate to float rounding; 0 for zero, subnormals,
+//! negatives, Inf and NaN (callers detect those separately). Selects are done on the bits so that
+//! loops calling it vectorise: ln x = e ln 2 + ln m with m in [sqrt(1/2), sqrt(2)) and
+//! ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^9.
+[[nodiscard]] inline float neg_x_log_x(float x) noexcept {
+  std::uint32_t const raw = std::bit_cast<std::uint32_t>(x);
+  std::uint32_t const normal = (raw - 0x00800000u) < 0x7f000000u ? 0xffffffffu : 0u;
+  std::uint32_t const bits = (raw & normal) | (0x3f800000u & ~normal);  // 1.0f when not normal
+  std::uint32_t const mb = (bits & 0x007fffffu) | 0x3f800000u;          // mantissa in [1, 2)
+  std::uint32_t const high = (0x3fb504f3u - mb) >> 31;                  // 1 when m > sqrt(2)
+  float const m = std::bit_cast<float>(mb - (high << 23));              // halved when high
+  float const e = static_cast<float>(static_cast<std::int32_t>(bits >> 23) - 127 +
+                                     static_cast<std::int32_t>(high));
+  float const s = (m - 1.0f) / (m + 1.0f);
+  float const s2 = s * s;
+  float const series =
+      1.0f + s2 * (1.0f / 3.0f + s2 * (1.0f / 5.0f + s2 * (1.0f / 7.0f + s2 * (1.0f / 9.0f))));
+  float const ln = 2.0f * s * series + e * 0.693147180559945f;
+  return -std::bit_cast<float>(bits) * ln;  // -1 * ln 1 = 0 when not normal
+}
+
+//! Shannon entropy -sum p ln p (nats) of a distribution row; entries below FLT_MIN count as 0.
+//! Throws `errc::numerical` when the row holds NaN/Inf.
+[[nodiscard]] inline double entropy(std::span<float const> p, char const* who, node_index node) {
+  float const* const d = p.data();
+  std::size_t const n = p.size();
+  auto const raw = [d](std::size_t j) { return d[j]; };
+  float terms[reduce_block] = {};  // zeroed: nvcc takes the lambda's read for a use before set
+  auto const term = [&terms](std::size_t j) { return terms[j]; };
+  double h = 0.0, mass = 0.0;
+  std::size_t i = 0;
+  for (; i + reduce_block <= n; i += reduce_block) {
+    for (std::size_t j = 0; j < reduce_block; ++j) terms[j] = neg_x_log_x(d[i + j]);
+    h += static_cast<double>(block_sum(0, term));
+    mass += static_cast<double>(block_sum(i, raw));
+  }
+  for (; i < n; ++i) {
+    h += static_cast<double>(neg_x_log_x(d[i]));
+    mass += static_cast<double>(d[i]);
+  }
+  SPECDEC_CHECK(std::isfinite(mass), numerical, who, ": the target distribution at node ", node,
+                " has NaN/Inf entries");
+  return h;
+}
+
+}  // namespace detail
 
 //! Parameters of typical acceptance.
 struct typical_acceptance_params {
@@ -93,7 +147,7 @@ class typical_acceptance_verifier : public detail::batch_entry_points<typical_ac
   //! Advances `rng` by tree.size().
   template <sampling_policy Policy>
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
-              std::span<token_id const> history, philox& rng, verify_result& out) {
+              token_history history, philox& rng, verify_result& out) {
     detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));

@@ -1,0 +1,99 @@
+#pragma once
+//! \file
+//! The compile-time capabilities of proposers and verifiers, read from optional
+//! `static constexpr bool` members of the same names, and the pairing rule between the two
+//! (`compatible_v`) that the decoder checks with `static_assert`.
+//!
+//! A proposer may declare (an absent member means false):
+//! - `produces_trees`: it may emit trees with more than one child per node;
+//! - `samples_drafts`: it samples its drafts and records their q rows (`draft_tree::enable_q`);
+//! - `needs_target_hidden`: it reads the target's hidden states (`propose_context::target_hidden`);
+//! - `has_auxiliary_tokens`: it scores auxiliary tokens beside its tree (`auxiliary_proposer`).
+//!
+//! A verifier may declare (an absent member means the permissive default):
+//! - `greedy_only` (default false): it implements greedy verification only;
+//! - `supports_trees` (default true): false when it walks chains only;
+//! - `needs_draft_probs` (default false): it needs the draft's q rows;
+//! - `lossless` (default true): false when it does not preserve the target distribution
+//!   (typical acceptance).
+//!
+//! A type can also specialise `proposer_traits` / `verifier_traits` instead of declaring the
+//! members (e.g. to describe a type it cannot change). The `_v` variables read the traits.
+
+namespace specdec {
+
+// Whether `T::member` exists and is true / exists and is false (undefined below).
+#define SPECDEC_TRAIT_TRUE(T, member)      \
+  requires {                               \
+    requires static_cast<bool>(T::member); \
+  }
+#define SPECDEC_TRAIT_FALSE(T, member)      \
+  requires {                                \
+    requires !static_cast<bool>(T::member); \
+  }
+
+//! What a proposer does, from its optional members (see the file comment).
+template <class P>
+struct proposer_traits {
+  //! May emit trees with more than one child per node.
+  static constexpr bool produces_trees = SPECDEC_TRAIT_TRUE(P, produces_trees);
+  //! Samples its drafts and records their q rows.
+  static constexpr bool samples_drafts = SPECDEC_TRAIT_TRUE(P, samples_drafts);
+  //! Reads the target's hidden states.
+  static constexpr bool needs_target_hidden = SPECDEC_TRAIT_TRUE(P, needs_target_hidden);
+  //! Scores auxiliary tokens beside its tree and observes the target's rows.
+  static constexpr bool has_auxiliary_tokens = SPECDEC_TRAIT_TRUE(P, has_auxiliary_tokens);
+};
+
+//! What a verifier can verify, from its optional members (see the file comment).
+template <class V>
+struct verifier_traits {
+  //! Greedy verification only (argmax matching).
+  static constexpr bool greedy_only = SPECDEC_TRAIT_TRUE(V, greedy_only);
+  //! Walks trees, not only chains.
+  static constexpr bool supports_trees = !SPECDEC_TRAIT_FALSE(V, supports_trees);
+  //! Needs the draft distributions (q rows) of the tree.
+  static constexpr bool needs_draft_probs = SPECDEC_TRAIT_TRUE(V, needs_draft_probs);
+  //! Preserves the target distribution.
+  static constexpr bool lossless = !SPECDEC_TRAIT_FALSE(V, lossless);
+};
+
+#undef SPECDEC_TRAIT_TRUE
+#undef SPECDEC_TRAIT_FALSE
+
+//! `proposer_traits<P>::produces_trees`.
+template <class P>
+inline constexpr bool produces_trees_v = proposer_traits<P>::produces_trees;
+//! `proposer_traits<P>::samples_drafts`.
+template <class P>
+inline constexpr bool samples_drafts_v = proposer_traits<P>::samples_drafts;
+//! `proposer_traits<P>::needs_target_hidden`.
+template <class P>
+inline constexpr bool needs_target_hidden_v = proposer_traits<P>::needs_target_hidden;
+//! `proposer_traits<P>::has_auxiliary_tokens`.
+template <class P>
+inline constexpr bool has_auxiliary_tokens_v = proposer_traits<P>::has_auxiliary_tokens;
+
+//! `verifier_traits<V>::greedy_only`.
+template <class V>
+inline constexpr bool greedy_only_v = verifier_traits<V>::greedy_only;
+//! `verifier_traits<V>::supports_trees`.
+template <class V>
+inline constexpr bool supports_trees_v = verifier_traits<V>::supports_trees;
+//! `verifier_traits<V>::needs_draft_probs`.
+template <class V>
+inline constexpr bool needs_draft_probs_v = verifier_traits<V>::needs_draft_probs;
+//! `verifier_traits<V>::lossless`.
+template <class V>
+inline constexpr bool lossless_v = verifier_traits<V>::lossless;
+
+//! Whether proposer P and verifier V can work together, as far as types can tell:
+//! - a proposer that samples its drafts needs a verifier that weighs them by their q rows, not a
+//!   greedy-only one (which would silently ignore the draft distributions);
+//! - a verifier that needs q rows needs a proposer that samples and records them;
+//! - a proposer that drafts trees needs a verifier that walks trees.
+template <class P, class V>
+inline constexpr bool compatible_v = !(samples_drafts_v<P> && greedy_only_v<V>)&&!(
+    needs_draft_probs_v<V> && !samples_drafts_v<P>)&&!(produces_trees_v<P> && !supports_trees_v<V>);
+
+}  // namespace specdec
