@@ -27,8 +27,9 @@
 #include <vector>
 
 #include "specdec/backend/cpu/eigen_gemm.hpp"
-#include "specdec/backend/cpu/kernels.hpp"
+#include "specdec/backend/cpu/gemm.hpp"
 #include "specdec/backend/cpu/llama.hpp"
+#include "specdec/backend/cpu/packed_gemm.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/model/load.hpp"

@@ -1,7 +1,14 @@
 #pragma once
 //! \file
-//! `cpu_llama`: the Llama forward pass on the CPU (Eigen and register-tiled kernels), with tree
-//! attention over a contiguous KV cache. Satisfies `causal_lm`.
+//! `cpu_llama`: the Llama forward pass on the CPU, with tree attention over a contiguous KV cache.
+//! Satisfies `causal_lm`.
+//!
+//! Its kernels, one header per topic in backend/cpu/: `gemm_nt` (gemm.hpp, large models),
+//! `packed_gemm` (packed_gemm.hpp, small models), attention over a virtual sequence of cache rows
+//! (attention.hpp), RMSNorm / RoPE / SwiGLU (elementwise.hpp), on the native registers of
+//! detail/simd_registers.hpp. Every output is computed by a fixed sequence of operations that
+//! depends only on the model's shape, never on the batch, the tile it lands in or the thread that
+//! computes it (the CPU backend's batch invariance).
 
 #include <algorithm>
 #include <bit>
@@ -15,7 +22,11 @@
 #include <utility>
 #include <vector>
 
-#include "specdec/backend/cpu/kernels.hpp"
+#include "specdec/backend/cpu/aligned_floats.hpp"
+#include "specdec/backend/cpu/attention.hpp"
+#include "specdec/backend/cpu/elementwise.hpp"
+#include "specdec/backend/cpu/gemm.hpp"
+#include "specdec/backend/cpu/packed_gemm.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/forward.hpp"
