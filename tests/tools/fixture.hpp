@@ -1,15 +1,11 @@
 #pragma once
-// What the command-line tests share: the programs under test, the fixture files, and stdout read
-// as one JSON document (nlohmann/json, which rejects anything but exactly one valid JSON value).
+// What the command-line tests share: the programs under test and the fixture files.
 
 #include <doctest/doctest.h>
 
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "tools/process.hpp"
 
@@ -56,16 +52,6 @@ inline std::string model() {
 }
 inline std::string vocab() {
   return model_file("tok512.bin");
-}
-
-//! `text` parsed as exactly one JSON document; fails the test when it is not one.
-inline nlohmann::json parse_json(std::string const& text) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (std::exception const& e) {
-    FAIL("not one JSON value: " << e.what() << "\n" << text);
-  }
-  return {};
 }
 
 }  // namespace tools_test

@@ -5,8 +5,14 @@
 // every option: --help, options of another strategy, greedy outputs.
 #include <doctest/doctest.h>
 
+// These tests run the programs, which are built with the tools only (SPECDEC_BUILD_TOOLS; then
+// tests/CMakeLists.txt passes SPECDEC_GENERATE_PATH and tools/CMakeLists.txt the tools' include
+// directory and libraries).
+#ifdef SPECDEC_GENERATE_PATH
+
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -36,6 +42,17 @@ namespace {
 
 std::string program() {
   return tools_test::program("generate");
+}
+
+// `text` parsed as exactly one JSON document (nlohmann/json accepts nothing else); fails the test
+// when it is not one.
+json parse_json(std::string const& text) {
+  try {
+    return json::parse(text);
+  } catch (std::exception const& e) {
+    FAIL("not one JSON value: " << e.what() << "\n" << text);
+  }
+  return {};
 }
 
 // The reference greedy continuation of "Once upon a time" (MANIFEST.md), after the prompt.
@@ -103,7 +120,7 @@ json gen_json(std::vector<std::string> args) {
   CHECK(r.err.empty());
   REQUIRE(!r.out.empty());
   CHECK(r.out.back() == '\n');
-  json const v = tools_test::parse_json(r.out);
+  json const v = parse_json(r.out);
   REQUIRE(v.is_object());
   return v;
 }
@@ -693,3 +710,5 @@ TEST_CASE("generate: each strategy's options reach its proposer, which sets the 
   CHECK(str(chain.at("description")) == "prompt lookup, n-grams 1..1, depth 2");
   CHECK(num(stats(chain).at("max_tree_size")) == 2);
 }
+
+#endif  // SPECDEC_GENERATE_PATH

@@ -3,6 +3,11 @@
 // message.
 #include <doctest/doctest.h>
 
+// These tests run the programs, which are built with the tools only (SPECDEC_BUILD_TOOLS; then
+// tests/CMakeLists.txt passes SPECDEC_GENERATE_PATH and tools/CMakeLists.txt the tools' include
+// directory and libraries).
+#ifdef SPECDEC_GENERATE_PATH
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -118,3 +123,5 @@ TEST_CASE("randmodel: command-line errors exit 2 with one line") {
   check_usage_error({"--preset", "stories260K", "--tokenizer", tools_test::vocab(), "-o", out},
                     "--tokenizer only applies to GGUF output");
 }
+
+#endif  // SPECDEC_GENERATE_PATH
