@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ libeigen3-dev xtensor-dev doctest-dev libbenchmark-dev)
+packages=(cmake ninja-build g++ libeigen3-dev xtensor-dev doctest-dev libbenchmark-dev libcli11-dev
+  nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -3,9 +3,9 @@
 // tokenizer; or describes and checks an existing one (--info). See docs/strategies/rest.md and
 // --help.
 //
-// Exit status: 0 on success; 2 for a bad command line; 1 for a failure at run time (a file that
-// cannot be read, a malformed JSONL line, a specdec::error), each with a one-line message on
-// stderr.
+// Exit status: 0 on success; 2 for a bad command line (CLI11, tools/cli.hpp); 1 for a failure at
+// run time (a file that cannot be read, a malformed JSONL line, a specdec::error), each with a
+// one-line message on stderr. JSONL lines are read with nlohmann/json.
 
 #include <chrono>
 #include <cstdint>
@@ -22,6 +22,9 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/decode/autoregressive.hpp"
@@ -33,43 +36,8 @@
 namespace {
 
 namespace sd = specdec;
-
-//! A command-line mistake (exit status 2).
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-constexpr char const* help_text =
-    R"(usage: specdec-datastore --model PATH [--tokenizer PATH] --output PATH [sources...]
-       specdec-datastore --info PATH
-
-Builds a REST retrieval datastore (token corpus + suffix array, a versioned, checksummed file that
-specdec-generate --strategy rest --datastore PATH memory-maps) from any mix of sources:
-
-  --text FILE          a text file; each paragraph (text between blank lines) is one document
-  --jsonl FILE         a JSONL file: one JSON object per line; the value of --field in each line
-                       (a string, or an array of strings: one document each) is a document
-  --field NAME         the JSONL field to read (default "text"; applies to every --jsonl)
-  --generate N         also sample N documents from the model itself, after BOS
-  --generate-tokens L  tokens per generated document (default 256; ends early at EOS)
-  --temperature T      sampling temperature for --generate (default 1.0)
-  --top-p P            nucleus sampling for --generate (default 0.9)
-  --seed S             seed of the first generated document (then S + 1, ...; default 1)
-  --threads N          threads of the model for --generate (default 1)
-
-Other options:
-  --model PATH         the model (llama2.c .bin or GGUF): its vocabulary size bounds the ids,
-                       and it generates for --generate
-  --tokenizer PATH     the tokenizer (llama2.c tokenizer.bin; default: the GGUF's own, or
-                       tokenizer.bin next to a llama2.c model)
-  --output PATH        where to write the datastore
-  --info PATH          load PATH (verifying the checksum and every index) and describe it
-  --help               this text
-
-Example (the stories260K fixture and the TinyStories stories):
-  specdec-datastore --model stories260K.bin --tokenizer tok512.bin \
-      --jsonl tinystories_prompts.jsonl --field story --generate 200 --output stories.sdrest
-)";
+using specdec_cli::parse_number;
+using specdec_cli::usage_error;
 
 //! Parsed command line.
 struct options {
@@ -81,74 +49,123 @@ struct options {
   std::uint64_t seed = 1;
 };
 
-std::size_t parse_count(std::string const& flag, std::string const& v) {
-  std::size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(v, &used);
-  } catch (std::exception const&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty() || v[0] == '-')
-    throw usage_error(flag + ": expected a non-negative integer, got '" + v + "'");
-  return static_cast<std::size_t>(n);
+//! The command line's values as CLI11 collects them (numbers are parsed exactly afterwards).
+struct raw_options {
+  std::string model, tokenizer, output, info, field, generate, generate_tokens, temperature, top_p,
+      seed, threads;
+  std::vector<std::string> text, jsonl;
+};
+
+//! The --help text before and after the options.
+constexpr char const* help_head =
+    "usage: specdec-datastore --model PATH [--tokenizer PATH] --output PATH [sources...]\n"
+    "       specdec-datastore --info PATH\n"
+    "\n"
+    "Builds a REST retrieval datastore (token corpus + suffix array, a versioned, checksummed file "
+    "that\nspecdec-generate --strategy rest --datastore PATH memory-maps) from any mix of sources, "
+    "tokenised\nwith the model's tokenizer; or loads one, checks it and describes it (--info).\n";
+constexpr char const* help_tail =
+    "\nExample (the stories260K fixture and the TinyStories stories):\n"
+    "  specdec-datastore --model stories260K.bin --tokenizer tok512.bin \\\n"
+    "      --jsonl tinystories_prompts.jsonl --field story --generate 200 --output stories.sdrest\n"
+    "\nExit status: 0 on success, 2 for a bad command line (unknown or repeated option, missing "
+    "or bad\nvalue), 1 when the datastore cannot be built, written or read.\n";
+
+//! Declares every option (its help is the --help text) on `app`, bound to `r`.
+void declare(CLI::App& app, raw_options& r) {
+  std::string const sources = "sources", other = "other options";
+  app.add_option("--text", r.text,
+                 "a text file; each paragraph (text between blank lines) is one document "
+                 "(repeatable)")
+      ->type_name("FILE")
+      ->allow_extra_args(false)
+      ->group(sources);
+  app.add_option("--jsonl", r.jsonl,
+                 "a JSONL file: one JSON object per line; the value of --field in each line (a "
+                 "string, or an array of strings: one document each) is a document (repeatable)")
+      ->type_name("FILE")
+      ->allow_extra_args(false)
+      ->group(sources);
+  app.add_option("--field", r.field, "the JSONL field to read (applies to every --jsonl)")
+      ->type_name("NAME")
+      ->default_val("text")
+      ->group(sources);
+  app.add_option("--generate", r.generate,
+                 "also sample N documents from the model itself, after BOS")
+      ->type_name("N")
+      ->default_val("0")
+      ->group(sources);
+  app.add_option("--generate-tokens", r.generate_tokens,
+                 "tokens per generated document (ends early at EOS)")
+      ->type_name("L")
+      ->default_val("256")
+      ->group(sources);
+  app.add_option("--temperature", r.temperature, "sampling temperature for --generate")
+      ->type_name("T")
+      ->default_val("1.0")
+      ->group(sources);
+  app.add_option("--top-p", r.top_p, "nucleus sampling for --generate")
+      ->type_name("P")
+      ->default_val("0.9")
+      ->group(sources);
+  app.add_option("--seed", r.seed, "seed of the first generated document (then S + 1, ...)")
+      ->type_name("S")
+      ->default_val("1")
+      ->group(sources);
+  app.add_option("--threads", r.threads, "threads of the model for --generate")
+      ->type_name("N")
+      ->default_val("1")
+      ->group(sources);
+  app.add_option("--model", r.model,
+                 "the model (llama2.c .bin or GGUF): its vocabulary size bounds the ids, and it "
+                 "generates for --generate")
+      ->type_name("PATH")
+      ->group(other);
+  app.add_option("--tokenizer", r.tokenizer,
+                 "the tokenizer (llama2.c tokenizer.bin; default: the GGUF's own, or "
+                 "tokenizer.bin next to a llama2.c model)")
+      ->type_name("PATH")
+      ->group(other);
+  app.add_option("--output", r.output, "where to write the datastore")
+      ->type_name("PATH")
+      ->group(other);
+  app.add_option("--info", r.info,
+                 "load PATH (verifying the checksum and every index) and describe it")
+      ->type_name("PATH")
+      ->group(other);
 }
 
-float parse_float(std::string const& flag, std::string const& v) {
-  std::size_t used = 0;
-  float x = 0.0f;
+//! Parses and checks argv; returns no options when --help was given (after printing it).
+std::optional<options> parse(int argc, char** argv) {
+  CLI::App app("", "specdec-datastore");
+  raw_options r;
+  declare(app, r);
   try {
-    x = std::stof(v, &used);
-  } catch (std::exception const&) {
-    used = 0;
+    app.parse(argc, argv);
+  } catch (CLI::CallForHelp const&) {
+    std::fputs(specdec_cli::help_text(app, help_head, help_tail).c_str(), stdout);
+    return std::nullopt;
+  } catch (CLI::ParseError const& e) {
+    specdec_cli::rethrow(e, app);
   }
-  if (used != v.size() || v.empty())
-    throw usage_error(flag + ": expected a number, got '" + v + "'");
-  return x;
-}
-
-options parse(int argc, char** argv) {
+  auto const given = [&](char const* name) { return app.get_option(name)->count() > 0; };
   options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string const a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(help_text, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw usage_error(a + ": missing value (or unknown flag); see --help");
-    std::string const v = argv[++i];
-    if (a == "--model")
-      o.model = v;
-    else if (a == "--tokenizer")
-      o.tokenizer = v;
-    else if (a == "--output")
-      o.output = v;
-    else if (a == "--info")
-      o.info = v;
-    else if (a == "--text")
-      o.text.push_back(v);
-    else if (a == "--jsonl")
-      o.jsonl.push_back(v);
-    else if (a == "--field")
-      o.field = v;
-    else if (a == "--generate")
-      o.generate = parse_count(a, v);
-    else if (a == "--generate-tokens")
-      o.generate_tokens = parse_count(a, v);
-    else if (a == "--threads")
-      o.threads = parse_count(a, v);
-    else if (a == "--seed")
-      o.seed = parse_count(a, v);
-    else if (a == "--temperature")
-      o.temperature = parse_float(a, v);
-    else if (a == "--top-p")
-      o.top_p = parse_float(a, v);
-    else
-      throw usage_error("unknown flag '" + a + "'; see --help");
-  }
+  if (given("--model")) o.model = r.model;
+  if (given("--tokenizer")) o.tokenizer = r.tokenizer;
+  if (given("--output")) o.output = r.output;
+  if (given("--info")) o.info = r.info;
+  o.text = r.text;
+  o.jsonl = r.jsonl;
+  o.field = r.field;
+  o.generate = parse_number<std::size_t>("--generate", r.generate);
+  o.generate_tokens = parse_number<std::size_t>("--generate-tokens", r.generate_tokens);
+  o.threads = parse_number<std::size_t>("--threads", r.threads);
+  o.seed = parse_number<std::uint64_t>("--seed", r.seed);
+  o.temperature = parse_number<float>("--temperature", r.temperature);
+  o.top_p = parse_number<float>("--top-p", r.top_p);
   if (o.info) {
     if (o.model || o.output || !o.text.empty() || !o.jsonl.empty() || o.generate != 0)
-      throw usage_error("--info takes no other flag");
+      throw usage_error("--info takes no other option");
     return o;
   }
   if (!o.model) throw usage_error("--model is required (its tokenizer and vocabulary)");
@@ -163,209 +180,23 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-//! A minimal JSON reader for one JSONL line: finds a top-level field and returns its strings (a
-//! string value, or the strings of an array value); other values are skipped. Throws
-//! std::runtime_error with the byte offset on malformed JSON.
-class json_line {
- public:
-  explicit json_line(std::string_view text) : s_(text) {}
-
-  //! The strings of top-level field `name` (empty when absent or not a string / array).
-  std::vector<std::string> field(std::string_view name) {
-    std::vector<std::string> out;
-    ws();
-    expect('{');
-    ws();
-    if (peek() == '}') return out;
-    for (;;) {
-      ws();
-      std::string const key = string();
-      ws();
-      expect(':');
-      ws();
-      if (key == name) {
-        if (peek() == '"') {
-          out.push_back(string());
-        } else if (peek() == '[') {
-          ++i_;
-          ws();
-          if (peek() != ']') {
-            for (;;) {
-              ws();
-              if (peek() == '"')
-                out.push_back(string());
-              else
-                skip_value();
-              ws();
-              if (peek() == ',') {
-                ++i_;
-                continue;
-              }
-              break;
-            }
-          }
-          expect(']');
-        } else {
-          skip_value();
-        }
-      } else {
-        skip_value();
-      }
-      ws();
-      if (peek() == ',') {
-        ++i_;
-        continue;
-      }
-      expect('}');
-      return out;
-    }
+//! The strings of top-level member `name` of the JSON object `line`: its value when a string, the
+//! strings of its value when an array (other elements are skipped), else none. Throws
+//! std::runtime_error for a line that is not one JSON object.
+std::vector<std::string> field_strings(std::string const& line, std::string const& name) {
+  nlohmann::json const j = nlohmann::json::parse(line);
+  if (!j.is_object()) throw std::runtime_error("not a JSON object");
+  std::vector<std::string> out;
+  auto const it = j.find(name);
+  if (it == j.end()) return out;
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (nlohmann::json const& e : *it)
+      if (e.is_string()) out.push_back(e.get<std::string>());
   }
-
- private:
-  [[noreturn]] void fail(std::string const& what) const {
-    throw std::runtime_error(what + " at byte " + std::to_string(i_));
-  }
-  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r' || s_[i_] == '\n'))
-      ++i_;
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++i_;
-  }
-  unsigned hex4() {
-    if (i_ + 4 > s_.size()) fail("truncated \\u escape");
-    unsigned v = 0;
-    for (int k = 0; k < 4; ++k) {
-      char const c = s_[i_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        v |= static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail("bad \\u escape");
-    }
-    return v;
-  }
-  static void utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      char const c = s_[i_++];
-      if (c == '"') return out;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) fail("unterminated escape");
-      char const e = s_[i_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && i_ + 6 <= s_.size() && s_[i_] == '\\' &&
-              s_[i_ + 1] == 'u') {
-            i_ += 2;
-            unsigned const lo = hex4();
-            if (lo >= 0xDC00 && lo < 0xE000)
-              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else
-              fail("unpaired surrogate");
-          }
-          utf8(out, cp);
-          break;
-        }
-        default:
-          fail(std::string("bad escape '\\") + e + "'");
-      }
-    }
-  }
-  void skip_value() {
-    char const c = peek();
-    if (c == '"') {
-      (void)string();
-    } else if (c == '{' || c == '[') {
-      char const close = c == '{' ? '}' : ']';
-      ++i_;
-      ws();
-      if (peek() == close) {
-        ++i_;
-        return;
-      }
-      for (;;) {
-        ws();
-        if (close == '}') {
-          (void)string();
-          ws();
-          expect(':');
-          ws();
-        }
-        skip_value();
-        ws();
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect(close);
-        return;
-      }
-    } else {
-      std::size_t const start = i_;
-      while (i_ < s_.size() && s_[i_] != ',' && s_[i_] != '}' && s_[i_] != ']' && s_[i_] != ' ' &&
-             s_[i_] != '\t' && s_[i_] != '\r' && s_[i_] != '\n')
-        ++i_;
-      if (i_ == start) fail("expected a value");
-    }
-  }
-
-  std::string_view s_;
-  std::size_t i_ = 0;
-};
+  return out;
+}
 
 std::string read_file(std::string const& path) {
   std::ifstream in(path, std::ios::binary);
@@ -448,8 +279,8 @@ int build(options const& o) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       std::vector<std::string> values;
       try {
-        values = json_line(line).field(o.field);
-      } catch (std::runtime_error const& e) {
+        values = field_strings(line, o.field);
+      } catch (std::exception const& e) {
         throw std::runtime_error(path + ":" + std::to_string(number) +
                                  ": malformed JSON: " + e.what());
       }
@@ -499,26 +330,22 @@ int build(options const& o) {
   return 0;
 }
 
-std::string one_line(std::string message) {
-  for (char& c : message)
-    if (c == '\n' || c == '\r') c = ' ';
-  return message;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  options o;
+  std::optional<options> o;
   try {
     o = parse(argc, argv);
   } catch (usage_error const& e) {
-    std::fprintf(stderr, "specdec-datastore: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "specdec-datastore: %s (see --help)\n",
+                 specdec_cli::one_line(e.what()).c_str());
     return 2;
   }
+  if (!o) return 0;  // --help
   try {
-    return o.info ? info(*o.info) : build(o);
+    return o->info ? info(*o->info) : build(*o);
   } catch (std::exception const& e) {
-    std::fprintf(stderr, "specdec-datastore: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "specdec-datastore: %s\n", specdec_cli::one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -1,7 +1,7 @@
-// specdec-generate: speculative generation on the CPU with a choice of strategy (autoregressive,
-// draft model, prompt lookup, layer skip), streaming the text as tokens are committed, then a
-// statistics table; --compare adds the autoregressive baseline and the speedup, --json prints one
-// JSON object instead. See docs/generate.md and --help.
+// specdec-generate: speculative generation on the CPU with a choice of strategy (the table in
+// tools/generate/strategies.hpp), streaming the text as tokens are committed, then a statistics
+// table; --compare adds the autoregressive baseline and the speedup, --json prints one JSON object
+// instead. See docs/generate.md and --help.
 //
 // Exit status: 0 on success; 2 for a bad command line (tools/generate/options.hpp); 1 for a
 // failure at run time (a specdec::error or any other exception), each with a one-line message on
@@ -20,7 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "generate/json.hpp"
+#include <nlohmann/json.hpp>
+
+#include "generate/option.hpp"
 #include "generate/options.hpp"
 #include "generate/report.hpp"
 #include "generate/strategies.hpp"
@@ -35,12 +37,7 @@ namespace {
 namespace sd = specdec;
 using namespace generate;
 
-//! `message` on one line (newlines become spaces).
-std::string one_line(std::string message) {
-  for (char& c : message)
-    if (c == '\n' || c == '\r') c = ' ';
-  return message;
-}
+using specdec_cli::one_line;
 
 //! Reads `path` whole, dropping one trailing newline ("\n" or "\r\n").
 std::string read_prompt_file(std::string const& path) {
@@ -54,18 +51,19 @@ std::string read_prompt_file(std::string const& path) {
 
 //! The vocabulary: --tokenizer, else the GGUF's own or tokenizer.bin beside a llama2.c model (a
 //! missing one is a command-line mistake).
-sd::tokenizer load_vocabulary(options const& o) {
+sd::tokenizer load_vocabulary(option_values const& v) {
+  std::string const model = *v.text(opt::model);
   std::optional<std::filesystem::path> path;
-  if (o.tokenizer) {
-    path = *o.tokenizer;
-  } else if (sd::detect_model_format(o.model) != sd::model_format::gguf) {
-    auto const beside = std::filesystem::path(o.model).parent_path() / "tokenizer.bin";
+  if (auto const tokenizer = v.text(opt::tokenizer)) {
+    path = *tokenizer;
+  } else if (sd::detect_model_format(model) != sd::model_format::gguf) {
+    auto const beside = std::filesystem::path(model).parent_path() / "tokenizer.bin";
     std::error_code ec;
     if (!std::filesystem::is_regular_file(beside, ec))
       throw usage_error("no tokenizer: pass --tokenizer PATH (there is no tokenizer.bin next to '" +
-                        o.model + "')");
+                        model + "')");
   }
-  return sd::load_tokenizer(o.model, path);
+  return sd::load_tokenizer(model, path);
 }
 
 //! The text of `tokens` following `previous` (as streamed: the first piece may drop its leading
@@ -121,92 +119,106 @@ class text_stream {
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
 
-int run(options const& o) {
+//! One JSON document on stdout; invalid UTF-8 (byte-fallback tokens can split a character)
+//! becomes U+FFFD.
+void print_json(nlohmann::ordered_json const& j) {
+  std::string const text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+int run(command_line const& cmd) {
   // Everything the command line names is checked before any work; what remains can only fail at
   // run time (corrupt files, mismatched vocabularies, a prompt beyond the context).
-  auto const weights = std::make_shared<sd::llama_weights const>(sd::load_model(o.model));
-  sd::tokenizer const tok = load_vocabulary(o);
-  std::int32_t const layers = weights->config.n_layers;
-  options opt = o;
-  if (opt.strategy == "layer-skip") {
-    if (!opt.skip_layers) opt.skip_layers = std::vector<std::int32_t>{layers / 2};
-    for (std::int32_t l : *opt.skip_layers)
-      if (l >= layers)
-        throw usage_error("--skip-layers: layer " + std::to_string(l) + " is beyond the model's " +
-                          std::to_string(layers) + " layers (0.." + std::to_string(layers - 1) +
-                          ")");
-  }
+  option_values const& v = cmd.values;
+  strategy const& chosen = *cmd.chosen;
+  auto const weights =
+      std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::model)));
+  sd::tokenizer const tok = load_vocabulary(v);
 
-  std::string const prompt_text = opt.prompt ? *opt.prompt : read_prompt_file(*opt.prompt_file);
+  auto const prompt_file = v.text(opt::prompt_file);
+  std::string const prompt_text =
+      prompt_file ? read_prompt_file(*prompt_file) : *v.text(opt::prompt);
   std::vector<sd::token_id> const prompt = tok.encode(prompt_text, true);
 
   sd::sampling_params params;
-  params.temperature = opt.temperature;
-  params.top_k = opt.top_k;
-  params.top_p = opt.top_p;
-  params.min_p = opt.min_p;
-  params.repetition_penalty = opt.repetition_penalty;
-  params.frequency_penalty = opt.frequency_penalty;
-  params.presence_penalty = opt.presence_penalty;
+  params.temperature = v.real(opt::temperature);
+  params.top_k = static_cast<std::int32_t>(v.count(opt::top_k));
+  params.top_p = v.real(opt::top_p);
+  params.min_p = v.real(opt::min_p);
+  params.repetition_penalty = v.real(opt::repetition_penalty);
+  params.frequency_penalty = v.real(opt::frequency_penalty);
+  params.presence_penalty = v.real(opt::presence_penalty);
 
+  // No node cap: each strategy's proposer sets the node budget of its steps.
   sd::decode_config config;
-  config.max_new_tokens = opt.max_new_tokens;
-  config.eos_token = opt.ignore_eos ? sd::no_token : tok.eos();
-  config.seed = opt.seed;
-  config.stop_strings = opt.stops;
-  if (!opt.stops.empty())
+  config.max_new_tokens = static_cast<std::size_t>(v.count(opt::max_new_tokens));
+  config.eos_token = v.flag(opt::ignore_eos) ? sd::no_token : tok.eos();
+  config.seed = v.count(opt::seed);
+  config.stop_strings = v.texts(opt::stop);
+  if (!config.stop_strings.empty())
     config.piece = [&tok](sd::token_id p, sd::token_id t) { return std::string(tok.decode(p, t)); };
 
-  sd::cpu_llama target(weights, {.threads = opt.threads, .max_context = opt.context});
-  session s{opt, weights, target, prompt, config, sd::sampler(params), {}};
+  sd::cpu_llama_options const model_options{
+      .threads = static_cast<std::size_t>(v.count(opt::threads)),
+      .max_context = static_cast<std::size_t>(v.count(opt::context))};
+  sd::cpu_llama target(weights, model_options);
+  session s{v,
+            weights,
+            target,
+            model_options,
+            prompt,
+            config,
+            sd::sampler(params),
+            params.temperature == 0.0f,
+            {}};
+  bool const json = v.flag(opt::json), compare = v.flag(opt::compare);
+  auto const repeat = static_cast<std::size_t>(v.count(opt::repeat));
   // The callback holds the stream by pointer: the decoder copies the std::function.
   text_stream stream(tok, prompt_text, prompt.back());
-  if (!opt.json) s.on_token = [&stream](sd::token_id t) { return stream(t); };
+  if (!json) s.on_token = [&stream](sd::token_id t) { return stream(t); };
 
-  strategy const& chosen = find_strategy(opt.strategy);
   std::vector<run_output> runs{chosen.run(s)};
-  if (!opt.json) stream.finish();
+  if (!json) stream.finish();
   s.on_token = {};
   std::vector<run_output> baselines;
-  if (opt.compare) baselines.push_back(run_autoregressive(s));
+  if (compare) baselines.push_back(run_autoregressive(s));
   // --repeat: further runs, alternating with the baseline's, so that both see the same machine.
-  for (std::size_t r = 1; r < opt.repeat; ++r) {
+  for (std::size_t r = 1; r < repeat; ++r) {
     runs.push_back(chosen.run(s));
-    if (opt.compare) baselines.push_back(run_autoregressive(s));
+    if (compare) baselines.push_back(run_autoregressive(s));
   }
   run_output const out = median_run(std::move(runs));
 
   std::optional<comparison> cmp;
-  if (opt.compare) cmp = compare_runs(out, median_run(std::move(baselines)), s.greedy());
+  if (compare) cmp = compare_runs(out, median_run(std::move(baselines)), s.greedy);
   comparison const* const c = cmp ? &*cmp : nullptr;
 
-  if (opt.json) {
-    json_object j;
-    j.text("strategy", opt.strategy)
-        .text("description", out.description)
-        .text("verifier", out.verifier)
-        .text("prompt", prompt_text)
-        .raw("prompt_ids", json_int_array(std::span<sd::token_id const>(prompt)))
-        .text("text", decode_after(tok, prompt.back(), out.result.tokens))
-        .raw("tokens", json_int_array(std::span<sd::token_id const>(out.result.tokens)))
-        .text("finish_reason", sd::to_string(out.result.reason))
-        .raw("stats", stats_json(out, c))
-        .number("repeat", static_cast<double>(opt.repeat));
+  if (json) {
+    nlohmann::ordered_json j;
+    j["strategy"] = chosen.name;
+    j["description"] = out.description;
+    j["verifier"] = out.verifier;
+    j["prompt"] = prompt_text;
+    j["prompt_ids"] = prompt;
+    j["text"] = decode_after(tok, prompt.back(), out.result.tokens);
+    j["tokens"] = out.result.tokens;
+    j["finish_reason"] = sd::to_string(out.result.reason);
+    j["stats"] = stats_json(out, c);
+    j["repeat"] = repeat;
     if (c != nullptr) {
       auto const& b = c->baseline.result;
-      j.raw("baseline", json_object()
-                            .text("text", decode_after(tok, prompt.back(), b.tokens))
-                            .raw("tokens", json_int_array(std::span<sd::token_id const>(b.tokens)))
-                            .text("finish_reason", sd::to_string(b.reason))
-                            .number("tokens_per_second", b.stats.tokens_per_second())
-                            .str());
+      nlohmann::ordered_json& base = j["baseline"];
+      base["text"] = decode_after(tok, prompt.back(), b.tokens);
+      base["tokens"] = b.tokens;
+      base["finish_reason"] = sd::to_string(b.reason);
+      base["tokens_per_second"] = b.stats.tokens_per_second();
     }
-    std::string const text = j.str() + "\n";
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    print_json(j);
   } else {
     print_table(stdout, out, c);
-    if (opt.repeat > 1)
-      std::printf("  (timings: the run of median time of %zu%s)\n", opt.repeat,
+    if (repeat > 1)
+      std::printf("  (timings: the run of median time of %zu%s)\n", repeat,
                   c != nullptr ? ", for each, run alternately" : "");
   }
   std::fflush(stdout);
@@ -216,19 +228,19 @@ int run(options const& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  options o;
+  command_line cmd;
   try {
-    o = parse_options(std::span<char const* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
+    cmd = parse_command_line(argc, argv);
   } catch (usage_error const& e) {
     std::fprintf(stderr, "specdec-generate: %s (see --help)\n", one_line(e.what()).c_str());
     return 2;
   }
-  if (o.help) {
+  if (cmd.help) {
     std::fputs(help_text().c_str(), stdout);
     return 0;
   }
   try {
-    return run(o);
+    return run(cmd);
   } catch (usage_error const& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "specdec-generate: %s (see --help)\n", one_line(e.what()).c_str());

@@ -1,8 +1,8 @@
 // specdec-randmodel: writes a Llama model with random weights (fixed seed; matrices N(0, stddev^2),
 // norms 1) of a preset or explicit shape, as a llama2.c checkpoint or a GGUF file, so that the
-// real shapes of models that are not at hand can be run and measured.
+// real shapes of models that are not at hand can be run and measured. The command line is parsed
+// by CLI11 (tools/cli.hpp); --help is generated from the option declarations.
 
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -11,10 +11,9 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <string_view>
-#include <system_error>
 #include <vector>
 
+#include "cli.hpp"
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/load.hpp"
@@ -36,117 +35,139 @@ constexpr preset presets[] = {
     {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, false},
 };
 
-void print_help() {
-  std::printf(
-      "usage: specdec-randmodel [options] -o OUTPUT\n"
-      "\n"
-      "Writes a Llama model with random weights: every matrix N(0, stddev^2), every RMSNorm "
-      "weight\n"
-      "1, deterministic in --seed. The format follows --format, or else the output's extension\n"
-      "(.gguf: GGUF F32, anything else: llama2.c legacy).\n"
-      "\n"
-      "shape:\n"
-      "  --preset NAME        stories260K, stories15M, stories42M, stories110M, tinyllama-1.1b\n"
-      "  --dim N              model width                 (overrides the preset)\n"
-      "  --hidden-dim N       SwiGLU inner width\n"
-      "  --layers N           transformer layers\n"
-      "  --heads N            query heads\n"
-      "  --kv-heads N         key/value heads (default: --heads)\n"
-      "  --vocab N            vocabulary size\n"
-      "  --seq-len N          maximum context length\n"
-      "  --rope-theta X       RoPE base (default 10000; GGUF only, llama2.c files do not store "
-      "it)\n"
-      "  --rms-eps X          RMSNorm epsilon (default 1e-5; GGUF only)\n"
-      "  --untied, --tied     a separate classifier, or one tied to the token embedding\n"
-      "                       (default: as the preset's model -- tinyllama-1.1b is untied, the\n"
-      "                       stories models tied; tied for explicit shapes)\n"
-      "weights:\n"
-      "  --seed N             random seed (default 1)\n"
-      "  --stddev X           standard deviation of the matrices (default 0.02)\n"
-      "output:\n"
-      "  -o, --output PATH    the file to write (required)\n"
-      "  --format F           llama2c (legacy), llama2c-v1, llama2c-q8 (version 2, Q8_0),\n"
-      "                       gguf-f32, gguf-f16, gguf-bf16\n"
-      "  --tokenizer PATH     embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output;\n"
-      "                       its size must equal --vocab\n"
-      "  -h, --help           this text\n"
-      "\n"
-      "Exit status: 0 on success, 2 for bad usage, 1 when the model cannot be built or written.\n");
-}
-
+//! Exits with status 2 and `message` on one line.
 [[noreturn]] void usage_error(std::string const& message) {
-  std::fprintf(stderr, "specdec-randmodel: %s (see --help)\n", message.c_str());
+  std::fprintf(stderr, "specdec-randmodel: %s (see --help)\n",
+               specdec_cli::one_line(message).c_str());
   std::exit(2);
 }
 
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
-  T value{};
-  auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    usage_error(std::string(flag) + " expects a number, got '" + std::string(text) + "'");
+//! f(), or exit status 2 with the message of the usage_error it throws.
+template <class F>
+auto checked(F&& f) {
+  try {
+    return f();
+  } catch (specdec_cli::usage_error const& e) {
+    usage_error(e.what());
   }
-  return value;
+}
+
+//! The command line's values as CLI11 collects them (numbers are parsed exactly afterwards).
+struct raw_options {
+  std::string preset, format, output, tokenizer, rope_theta, rms_eps, seed, stddev;
+  std::string dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len;
+  bool tied = false, untied = false;
+};
+
+//! The --help text before and after the options.
+constexpr char const* help_head =
+    "usage: specdec-randmodel [options] -o OUTPUT\n"
+    "\n"
+    "Writes a Llama model with random weights: every matrix N(0, stddev^2), every RMSNorm weight "
+    "1,\ndeterministic in --seed. The format follows --format, or else the output's extension "
+    "(.gguf: GGUF\nF32, anything else: llama2.c legacy).\n";
+constexpr char const* help_tail =
+    "\nExit status: 0 on success, 2 for bad usage, 1 when the model cannot be built or written.\n";
+
+//! Declares every option (its help is the --help text) on `app`, bound to `r`.
+void declare(CLI::App& app, raw_options& r) {
+  std::string preset_names;
+  for (auto const& p : presets)
+    preset_names += (preset_names.empty() ? "" : ", ") + std::string(p.name);
+  std::string const shape = "shape", weights = "weights", output = "output";
+  app.add_option("--preset", r.preset, preset_names)->type_name("NAME")->group(shape);
+  app.add_option("--dim", r.dim, "model width (overrides the preset)")
+      ->type_name("N")
+      ->group(shape);
+  app.add_option("--hidden-dim", r.hidden_dim, "SwiGLU inner width")->type_name("N")->group(shape);
+  app.add_option("--layers", r.n_layers, "transformer layers")->type_name("N")->group(shape);
+  app.add_option("--heads", r.n_heads, "query heads")->type_name("N")->group(shape);
+  app.add_option("--kv-heads", r.n_kv_heads, "key/value heads (default: --heads)")
+      ->type_name("N")
+      ->group(shape);
+  app.add_option("--vocab", r.vocab, "vocabulary size")->type_name("N")->group(shape);
+  app.add_option("--seq-len", r.seq_len, "maximum context length")->type_name("N")->group(shape);
+  app.add_option("--rope-theta", r.rope_theta,
+                 "RoPE base (GGUF only, llama2.c files do not store it)")
+      ->type_name("X")
+      ->default_val("10000")
+      ->group(shape);
+  app.add_option("--rms-eps", r.rms_eps, "RMSNorm epsilon (GGUF only)")
+      ->type_name("X")
+      ->default_val("1e-5")
+      ->group(shape);
+  app.add_flag("--untied", r.untied,
+               "a separate classifier (default: as the preset's model -- tinyllama-1.1b is "
+               "untied, the stories models tied; tied for explicit shapes; not with --tied)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
+      ->group(shape);
+  app.add_flag("--tied", r.tied, "a classifier tied to the token embedding")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
+      ->excludes("--untied")
+      ->group(shape);
+  app.add_option("--seed", r.seed, "random seed")->type_name("N")->default_val("1")->group(weights);
+  app.add_option("--stddev", r.stddev, "standard deviation of the matrices")
+      ->type_name("X")
+      ->default_val("0.02")
+      ->group(weights);
+  app.add_option("-o,--output", r.output, "the file to write (required)")
+      ->type_name("PATH")
+      ->group(output);
+  app.add_option("--format", r.format,
+                 "llama2c (legacy), llama2c-v1, llama2c-q8 (version 2, Q8_0), gguf-f32, gguf-f16, "
+                 "gguf-bf16")
+      ->type_name("F")
+      ->group(output);
+  app.add_option("--tokenizer", r.tokenizer,
+                 "embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output; its size must "
+                 "equal --vocab")
+      ->type_name("PATH")
+      ->group(output);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::optional<std::string> preset_name, format, output, tokenizer_path;
-  std::optional<std::int32_t> dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len;
-  float rope_theta = 10000.0f, rms_eps = 1e-5f, stddev = 0.02f;
-  std::uint64_t seed = 1;
-  std::optional<bool> tied;
-
-  std::vector<std::string_view> const args(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string_view const flag = args[i];
-    auto const value = [&]() -> std::string_view {
-      if (i + 1 >= args.size()) usage_error(std::string(flag) + " needs a value");
-      return args[++i];
-    };
-    auto const int_value = [&] { return parse_number<std::int32_t>(flag, value()); };
-    if (flag == "-h" || flag == "--help") {
-      print_help();
-      return 0;
-    } else if (flag == "--preset") {
-      preset_name = value();
-    } else if (flag == "--dim") {
-      dim = int_value();
-    } else if (flag == "--hidden-dim") {
-      hidden_dim = int_value();
-    } else if (flag == "--layers") {
-      n_layers = int_value();
-    } else if (flag == "--heads") {
-      n_heads = int_value();
-    } else if (flag == "--kv-heads") {
-      n_kv_heads = int_value();
-    } else if (flag == "--vocab") {
-      vocab = int_value();
-    } else if (flag == "--seq-len") {
-      seq_len = int_value();
-    } else if (flag == "--rope-theta") {
-      rope_theta = parse_number<float>(flag, value());
-    } else if (flag == "--rms-eps") {
-      rms_eps = parse_number<float>(flag, value());
-    } else if (flag == "--untied") {
-      tied = false;
-    } else if (flag == "--tied") {
-      tied = true;
-    } else if (flag == "--seed") {
-      seed = parse_number<std::uint64_t>(flag, value());
-    } else if (flag == "--stddev") {
-      stddev = parse_number<float>(flag, value());
-    } else if (flag == "-o" || flag == "--output") {
-      output = value();
-    } else if (flag == "--format") {
-      format = value();
-    } else if (flag == "--tokenizer") {
-      tokenizer_path = value();
-    } else {
-      usage_error("unknown option '" + std::string(flag) + "'");
-    }
+  CLI::App app("", "specdec-randmodel");
+  raw_options r;
+  declare(app, r);
+  try {
+    app.parse(argc, argv);
+  } catch (CLI::CallForHelp const&) {
+    std::fputs(specdec_cli::help_text(app, help_head, help_tail).c_str(), stdout);
+    return 0;
+  } catch (CLI::ParseError const& e) {
+    checked([&] { specdec_cli::rethrow(e, app); });
   }
+  auto const given = [&](char const* name) { return app.get_option(name)->count() > 0; };
+  auto const shape_number = [&](char const* name,
+                                std::string const& text) -> std::optional<std::int32_t> {
+    if (!given(name)) return std::nullopt;
+    return checked([&] { return specdec_cli::parse_number<std::int32_t>(name, text); });
+  };
+  std::optional<std::string> preset_name, format, output, tokenizer_path;
+  if (given("--preset")) preset_name = r.preset;
+  if (given("--format")) format = r.format;
+  if (given("--output")) output = r.output;
+  if (given("--tokenizer")) tokenizer_path = r.tokenizer;
+  std::optional<std::int32_t> const dim = shape_number("--dim", r.dim);
+  std::optional<std::int32_t> const hidden_dim = shape_number("--hidden-dim", r.hidden_dim);
+  std::optional<std::int32_t> const n_layers = shape_number("--layers", r.n_layers);
+  std::optional<std::int32_t> const n_heads = shape_number("--heads", r.n_heads);
+  std::optional<std::int32_t> const n_kv_heads = shape_number("--kv-heads", r.n_kv_heads);
+  std::optional<std::int32_t> const vocab = shape_number("--vocab", r.vocab);
+  std::optional<std::int32_t> const seq_len = shape_number("--seq-len", r.seq_len);
+  float const rope_theta =
+      checked([&] { return specdec_cli::parse_number<float>("--rope-theta", r.rope_theta); });
+  float const rms_eps =
+      checked([&] { return specdec_cli::parse_number<float>("--rms-eps", r.rms_eps); });
+  float const stddev =
+      checked([&] { return specdec_cli::parse_number<float>("--stddev", r.stddev); });
+  std::uint64_t const seed =
+      checked([&] { return specdec_cli::parse_number<std::uint64_t>("--seed", r.seed); });
+  std::optional<bool> tied;
+  if (r.tied) tied = true;
+  if (r.untied) tied = false;
   if (!output) usage_error("no output file (-o PATH)");
   if (!(stddev > 0.0f)) usage_error("--stddev must be positive");
 

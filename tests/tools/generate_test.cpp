@@ -1,10 +1,18 @@
 // specdec-generate, run as a program on the stories260K fixture: the effect of every flag, the
 // --json fields, greedy --compare giving identical outputs for every strategy, and every error
-// with its exit status (2 for the command line, 1 at run time) and its one-line message.
+// with its exit status (2 for the command line, 1 at run time) and its one-line message. The
+// strategy table (tools/generate/strategies.hpp) drives the checks that cover every strategy and
+// every option: --help, options of another strategy, greedy outputs.
 #include <doctest/doctest.h>
+
+// These tests run the programs, which are built with the tools only (SPECDEC_BUILD_TOOLS; then
+// tests/CMakeLists.txt passes SPECDEC_GENERATE_PATH and tools/CMakeLists.txt the tools' include
+// directory and libraries).
+#ifdef SPECDEC_GENERATE_PATH
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -12,46 +20,39 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "generate/options.hpp"
+#include "generate/strategies.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
-#include "tools/json_value.hpp"
+#include "tools/fixture.hpp"
 #include "tools/process.hpp"
 
 namespace fs = std::filesystem;
-using tools_test::json_value;
+using json = nlohmann::json;
+using tools_test::model;
+using tools_test::model_file;
 using tools_test::process_result;
+using tools_test::vocab;
 
 namespace {
 
-// The program under test (its path is compiled in by tests/CMakeLists.txt).
 std::string program() {
-#ifdef SPECDEC_GENERATE_PATH
-  return SPECDEC_GENERATE_PATH;
-#else
-  FAIL("specdec_tools_tests was built without SPECDEC_GENERATE_PATH (tools disabled?)");
-  return {};
-#endif
+  return tools_test::program("generate");
 }
 
-// A fixture file under SPECDEC_MODEL_DIR; fails the test when it is missing.
-std::string model_file(char const* name) {
-  char const* dir = std::getenv("SPECDEC_MODEL_DIR");
-  if (dir == nullptr || *dir == '\0') {
-    FAIL("SPECDEC_MODEL_DIR is not set: the test needs " << name << " (ctest sets it)");
-    return {};
+// `text` parsed as exactly one JSON document (nlohmann/json accepts nothing else); fails the test
+// when it is not one.
+json parse_json(std::string const& text) {
+  try {
+    return json::parse(text);
+  } catch (std::exception const& e) {
+    FAIL("not one JSON value: " << e.what() << "\n" << text);
   }
-  fs::path const path = fs::path(dir) / name;
-  if (!fs::exists(path)) FAIL("missing fixture file " << path.string());
-  return path.string();
-}
-
-std::string model() {
-  return model_file("stories260K.bin");
-}
-std::string vocab() {
-  return model_file("tok512.bin");
+  return {};
 }
 
 // The reference greedy continuation of "Once upon a time" (MANIFEST.md), after the prompt.
@@ -89,6 +90,20 @@ std::string random_draft(std::int32_t vocab_size = 512) {
   return path.string();
 }
 
+// A REST datastore of the TinyStories stories, built once per process by specdec-datastore.
+std::string stories_datastore() {
+  fs::path const path = tools_test::scratch_dir() / "stories.sdrest";
+  if (!fs::exists(path)) {
+    process_result const r = tools_test::run_process(
+        tools_test::program("datastore"), {"--model", model(), "--tokenizer", vocab(), "--jsonl",
+                                           tools_test::data_file("tinystories_prompts.jsonl"),
+                                           "--field", "story", "--output", path.string()});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.status == 0);
+  }
+  return path.string();
+}
+
 // Runs the program with the fixture's model and tokenizer followed by `args`.
 process_result gen(std::vector<std::string> const& args) {
   std::vector<std::string> all = {"--model", model(), "--tokenizer", vocab()};
@@ -97,7 +112,7 @@ process_result gen(std::vector<std::string> const& args) {
 }
 
 // Runs with --json, requires success, and parses stdout (which must be one JSON object).
-json_value gen_json(std::vector<std::string> args) {
+json gen_json(std::vector<std::string> args) {
   args.push_back("--json");
   process_result const r = gen(args);
   INFO("stderr: " << r.err);
@@ -105,12 +120,7 @@ json_value gen_json(std::vector<std::string> args) {
   CHECK(r.err.empty());
   REQUIRE(!r.out.empty());
   CHECK(r.out.back() == '\n');
-  json_value v;
-  try {
-    v = tools_test::parse_json(r.out);
-  } catch (std::exception const& e) {
-    FAIL("stdout is not one JSON value: " << e.what() << "\n" << r.out);
-  }
+  json const v = parse_json(r.out);
   REQUIRE(v.is_object());
   return v;
 }
@@ -135,8 +145,56 @@ std::vector<std::string> once(std::initializer_list<std::string> more) {
   return a;
 }
 
-std::vector<std::int64_t> tokens_of(json_value const& j) {
-  return j["tokens"].ints();
+// Members of a JSON value, failing the test (not crashing) when one is missing or mistyped.
+std::vector<std::int64_t> ints(json const& j) {
+  REQUIRE(j.is_array());
+  return j.get<std::vector<std::int64_t>>();
+}
+std::string str(json const& j) {
+  REQUIRE(j.is_string());
+  return j.get<std::string>();
+}
+double num(json const& j) {
+  REQUIRE(j.is_number());
+  return j.get<double>();
+}
+bool boolean(json const& j) {
+  REQUIRE(j.is_boolean());
+  return j.get<bool>();
+}
+
+std::vector<std::int64_t> tokens_of(json const& j) {
+  return ints(j.at("tokens"));
+}
+
+// A valid value for `o` on the command line (none for a flag); required files get real ones.
+std::vector<std::string> valid_value(generate::option_spec const& o) {
+  switch (o.kind) {
+    case generate::value_kind::flag:
+      return {};
+    case generate::value_kind::count:
+      return {std::to_string(std::max(o.count_default, o.count_lo))};
+    case generate::value_kind::real:
+      return {generate::option_spec::number_text(o.real_default)};
+    case generate::value_kind::text:
+      return {"x"};
+    case generate::value_kind::file:
+      return {o.flag == "--datastore" ? stories_datastore() : model()};
+    case generate::value_kind::layers:
+      return {"0"};
+  }
+  return {};
+}
+
+// "--strategy NAME" and the strategy's required options, with valid values.
+std::vector<std::string> strategy_args(generate::strategy const& s) {
+  std::vector<std::string> args = {"--strategy", std::string(s.name)};
+  for (generate::option_spec const* o : s.options) {
+    if (!o->required) continue;
+    args.emplace_back(o->flag);
+    for (std::string const& v : valid_value(*o)) args.push_back(v);
+  }
+  return args;
 }
 
 }  // namespace
@@ -211,54 +269,55 @@ TEST_CASE("generate: --repeat runs the request and the baseline several times, s
   CHECK(r.out.find("the run of median time of 3, for each, run alternately") != std::string::npos);
   CHECK(r.out.find("outputs identical      yes") != std::string::npos);
 
-  json_value const j = gen_json(once({"--strategy", "prompt-lookup", "-n", "16", "--compare",
-                                      "--repeat", "4", "--temp", "1", "--seed", "3"}));
-  CHECK(j["repeat"].number() == 4);
-  json_value const single =
+  json const j = gen_json(once({"--strategy", "prompt-lookup", "-n", "16", "--compare", "--repeat",
+                                "4", "--temp", "1", "--seed", "3"}));
+  CHECK(num(j.at("repeat")) == 4);
+  json const single =
       gen_json(once({"--strategy", "prompt-lookup", "-n", "16", "--temp", "1", "--seed", "3"}));
-  CHECK(single["repeat"].number() == 1);
+  CHECK(num(single.at("repeat")) == 1);
   CHECK(tokens_of(j) == tokens_of(single));  // every run of a seeded request is the same
-  CHECK(j["baseline"]["tokens"].ints().size() == 16);
-  CHECK(j["stats"]["speedup"].number() > 0.0);
+  CHECK(ints(j.at("baseline").at("tokens")).size() == 16);
+  CHECK(num(j.at("stats").at("speedup")) > 0.0);
 }
 
 TEST_CASE("generate: --json fields") {
-  json_value const j =
+  json const j =
       gen_json(once({"--strategy", "draft", "--draft", model(), "-n", "24", "--compare"}));
-  CHECK(j["strategy"].str() == "draft");
-  CHECK(j["verifier"].str() == "greedy");
-  CHECK(j["finish_reason"].str() == "max_tokens");
-  CHECK(j["prompt"].str() == "Once upon a time");
-  CHECK(j["prompt_ids"].ints() == std::vector<std::int64_t>{1, 403, 407, 261, 378});
+  CHECK(str(j.at("strategy")) == "draft");
+  CHECK(str(j.at("verifier")) == "greedy");
+  CHECK(str(j.at("finish_reason")) == "max_tokens");
+  CHECK(str(j.at("prompt")) == "Once upon a time");
+  CHECK(ints(j.at("prompt_ids")) == std::vector<std::int64_t>{1, 403, 407, 261, 378});
   auto const tokens = tokens_of(j);
   CHECK(tokens == reference_continuation(24));
   std::vector<specdec::token_id> ids(tokens.begin(), tokens.end());
-  CHECK(j["text"].str() == tok().decode(std::span<specdec::token_id const>(ids)));
+  CHECK(str(j.at("text")) == tok().decode(std::span<specdec::token_id const>(ids)));
 
-  json_value const& s = j["stats"];
+  json const& s = j.at("stats");
   for (char const* key : {"steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
                           "tokens_per_second", "baseline_tokens_per_second", "speedup",
                           "prefill_seconds", "propose_seconds", "score_seconds", "verify_seconds",
                           "commit_seconds", "total_seconds", "generated", "prompt_tokens"}) {
     CAPTURE(key);
-    REQUIRE(s.has(key));
-    CHECK(s[key].is_number());
-    CHECK(s[key].number() >= 0.0);
+    REQUIRE(s.contains(key));
+    CHECK(s.at(key).is_number());
+    CHECK(num(s.at(key)) >= 0.0);
   }
-  double const steps = s["steps"].number(), accepted = s["accepted"].number();
-  CHECK(s["generated"].number() == 24);
-  CHECK(s["prompt_tokens"].number() == 5);
+  double const steps = num(s.at("steps")), accepted = num(s.at("accepted"));
+  CHECK(num(s.at("generated")) == 24);
+  CHECK(num(s.at("prompt_tokens")) == 5);
   // The target drafts for itself: every draft is accepted.
-  CHECK(accepted == s["drafted"].number());
-  CHECK(s["mean_accepted_length"].number() == doctest::Approx((accepted + steps) / steps));
-  CHECK(s["tokens_per_second"].number() > 0.0);
-  CHECK(s["speedup"].number() == doctest::Approx(s["tokens_per_second"].number() /
-                                                 s["baseline_tokens_per_second"].number()));
-  REQUIRE(s.has("outputs_identical"));
-  CHECK(s["outputs_identical"].boolean());
-  CHECK(s["drafted_at_depth"].ints().size() == 4);
-  CHECK(s["acceptance_by_depth"].arr().size() == 4);
-  CHECK(j["baseline"]["tokens"].ints() == tokens);
+  CHECK(accepted == num(s.at("drafted")));
+  CHECK(num(s.at("mean_accepted_length")) == doctest::Approx((accepted + steps) / steps));
+  CHECK(num(s.at("tokens_per_second")) > 0.0);
+  CHECK(num(s.at("speedup")) ==
+        doctest::Approx(num(s.at("tokens_per_second")) / num(s.at("baseline_tokens_per_second"))));
+  REQUIRE(s.contains("outputs_identical"));
+  CHECK(boolean(s.at("outputs_identical")));
+  CHECK(ints(s.at("drafted_at_depth")).size() == 4);
+  REQUIRE(s.at("acceptance_by_depth").is_array());
+  CHECK(s.at("acceptance_by_depth").size() == 4);
+  CHECK(ints(j.at("baseline").at("tokens")) == tokens);
 }
 
 TEST_CASE("generate: greedy --compare is identical for every strategy") {
@@ -280,38 +339,38 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
     args.insert(args.end(), c.begin(), c.end());
     CAPTURE(args[5]);
     CAPTURE(args.back());
-    json_value const j = gen_json(args);
-    CHECK(j["stats"]["outputs_identical"].boolean());
+    json const j = gen_json(args);
+    CHECK(boolean(j.at("stats").at("outputs_identical")));
     CHECK(tokens_of(j) == reference_continuation(48));
-    CHECK(j["verifier"].str() == (c[1] == "autoregressive" ? "none" : "greedy"));
+    CHECK(str(j.at("verifier")) == (c[1] == "autoregressive" ? "none" : "greedy"));
   }
 }
 
 TEST_CASE("generate: the default strategy") {
-  CHECK(gen_json(once({"-n", "4"}))["strategy"].str() == "prompt-lookup");
-  CHECK(gen_json(once({"-n", "4", "--draft", model()}))["strategy"].str() == "draft");
+  CHECK(str(gen_json(once({"-n", "4"})).at("strategy")) == "prompt-lookup");
+  CHECK(str(gen_json(once({"-n", "4", "--draft", model()})).at("strategy")) == "draft");
 }
 
 TEST_CASE("generate: -n and -k") {
   CHECK(tokens_of(gen_json(once({"--strategy", "prompt-lookup", "-n", "7"}))).size() == 7);
-  json_value const none = gen_json(once({"--strategy", "prompt-lookup", "-n", "0"}));
+  json const none = gen_json(once({"--strategy", "prompt-lookup", "-n", "0"}));
   CHECK(tokens_of(none).empty());
-  CHECK(none["text"].str().empty());
+  CHECK(str(none.at("text")).empty());
   for (int k : {1, 2, 6}) {
     CAPTURE(k);
-    json_value const j = gen_json(
+    json const j = gen_json(
         once({"--strategy", "draft", "--draft", model(), "-n", "30", "-k", std::to_string(k)}));
-    CHECK(j["stats"]["max_tree_size"].number() == k);
-    CHECK(j["stats"]["drafted_at_depth"].ints().size() == static_cast<std::size_t>(k));
-    CHECK(j["description"].str().find("k = " + std::to_string(k)) != std::string::npos);
+    CHECK(num(j.at("stats").at("max_tree_size")) == k);
+    CHECK(ints(j.at("stats").at("drafted_at_depth")).size() == static_cast<std::size_t>(k));
+    CHECK(str(j.at("description")).find("k = " + std::to_string(k)) != std::string::npos);
     CHECK(tokens_of(j) == reference_continuation(30));
   }
-  // prompt lookup: -k is the depth, --branches widens the tree beyond a chain.
-  json_value const tree =
-      gen_json(once({"--strategy", "prompt-lookup", "-n", "64", "-k", "3", "--branches", "4"}));
-  CHECK(tree["stats"]["drafted_at_depth"].ints().size() <= 3);
-  CHECK(tree["stats"]["max_tree_size"].number() > 3);
-  CHECK(tree["stats"]["max_tree_size"].number() <= 12);
+  // prompt lookup: --depth is the depth, --branches widens the tree beyond a chain.
+  json const tree = gen_json(
+      once({"--strategy", "prompt-lookup", "-n", "64", "--depth", "3", "--branches", "4"}));
+  CHECK(ints(tree.at("stats").at("drafted_at_depth")).size() <= 3);
+  CHECK(num(tree.at("stats").at("max_tree_size")) > 3);
+  CHECK(num(tree.at("stats").at("max_tree_size")) <= 12);
 }
 
 TEST_CASE("generate: sampling flags") {
@@ -322,8 +381,8 @@ TEST_CASE("generate: sampling flags") {
     args.insert(args.end(), more);
     return gen_json(args);
   };
-  json_value const a = sampled({"--temp", "1", "--seed", "5"});
-  CHECK(a["verifier"].str() == "speculative sampling");
+  json const a = sampled({"--temp", "1", "--seed", "5"});
+  CHECK(str(a.at("verifier")) == "speculative sampling");
   CHECK(tokens_of(a) != greedy);
   // Reproducible from the seed; another seed gives another text.
   CHECK(tokens_of(sampled({"--temp", "1", "--seed", "5"})) == tokens_of(a));
@@ -335,50 +394,48 @@ TEST_CASE("generate: sampling flags") {
   // A repetition penalty changes the greedy output.
   CHECK(tokens_of(sampled({"--repetition-penalty", "1.8"})) != greedy);
   // Prompt lookup verifies its candidates with the tree verifier under sampling.
-  json_value const lookup =
-      gen_json(once({"--strategy", "prompt-lookup", "--temp", "0.7", "-n", "16"}));
-  CHECK(lookup["verifier"].str() == "tree (point masses)");
+  json const lookup = gen_json(once({"--strategy", "prompt-lookup", "--temp", "0.7", "-n", "16"}));
+  CHECK(str(lookup.at("verifier")) == "tree (point masses)");
   CHECK(tokens_of(lookup).size() == 16);
   // The target as its own draft under sampling: p = q, every draft is accepted.
-  json_value const self =
+  json const self =
       gen_json(once({"--strategy", "draft", "--draft", model(), "--temp", "1", "-n", "32"}));
-  CHECK(self["stats"]["accepted"].number() == self["stats"]["drafted"].number());
+  CHECK(num(self.at("stats").at("accepted")) == num(self.at("stats").at("drafted")));
 }
 
 TEST_CASE("generate: prompt file, threads, stops, layer choice") {
   fs::path const file = tools_test::scratch_dir() / "prompt.txt";
   tools_test::write_file(file, "Once upon a time\n");
-  json_value const from_file =
+  json const from_file =
       gen_json({"--prompt-file", file.string(), "--strategy", "prompt-lookup", "-n", "20"});
-  CHECK(from_file["prompt"].str() == "Once upon a time");
+  CHECK(str(from_file.at("prompt")) == "Once upon a time");
   CHECK(tokens_of(from_file) == reference_continuation(20));
 
   CHECK(tokens_of(gen_json(once({"--strategy", "layer-skip", "--threads", "2", "-n", "20"}))) ==
         reference_continuation(20));
 
-  json_value const stopped =
+  json const stopped =
       gen_json(once({"--strategy", "prompt-lookup", "-n", "100", "--stop", "Lily"}));
-  CHECK(stopped["finish_reason"].str() == "stop_string");
-  std::string const text = stopped["text"].str();
+  CHECK(str(stopped.at("finish_reason")) == "stop_string");
+  std::string const text = str(stopped.at("text"));
   CHECK(text.find("Lily") != std::string::npos);
   CHECK(text.find("Lily") + 4 >= text.size() - 4);  // stops right after the match
   CHECK(tokens_of(gen_json(once({"--strategy", "autoregressive", "-n", "12", "--ignore-eos"})))
             .size() == 12);
 
-  json_value const one =
-      gen_json(once({"--strategy", "layer-skip", "--skip-layers", "1", "-n", "40"}));
-  json_value const three =
+  json const one = gen_json(once({"--strategy", "layer-skip", "--skip-layers", "1", "-n", "40"}));
+  json const three =
       gen_json(once({"--strategy", "layer-skip", "--skip-layers", "0,1,2,3", "-n", "40"}));
-  CHECK(one["description"].str().find("layers 1)") != std::string::npos);
-  CHECK(three["description"].str().find("layers 0,1,2,3)") != std::string::npos);
+  CHECK(str(one.at("description")).find("layers 1)") != std::string::npos);
+  CHECK(str(three.at("description")).find("layers 0,1,2,3)") != std::string::npos);
   CHECK(tokens_of(one) == tokens_of(three));
-  CHECK(one["stats"]["acceptance_rate"].number() != three["stats"]["acceptance_rate"].number());
+  CHECK(num(one.at("stats").at("acceptance_rate")) != num(three.at("stats").at("acceptance_rate")));
 }
 
 TEST_CASE("generate: JSON strings are escaped") {
-  json_value const j = gen_json({"--prompt", "a \"quoted\"\tback\\slash\nnew line \xc3\xa9 \x01",
-                                 "--strategy", "autoregressive", "-n", "4"});
-  CHECK(j["prompt"].str() == "a \"quoted\"\tback\\slash\nnew line \xc3\xa9 \x01");
+  json const j = gen_json({"--prompt", "a \"quoted\"\tback\\slash\nnew line \xc3\xa9 \x01",
+                           "--strategy", "autoregressive", "-n", "4"});
+  CHECK(str(j.at("prompt")) == "a \"quoted\"\tback\\slash\nnew line \xc3\xa9 \x01");
 }
 
 TEST_CASE("generate: command-line errors exit 2 with one line") {
@@ -398,9 +455,9 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
   check_error(with({"--strategy", "autoregressive", "--temp", "nan"}), 2, "finite");
   check_error(with({"--strategy", "autoregressive", "--temp", "inf"}), 2, "finite");
   check_error(with({"--strategy", "autoregressive", "--temp", "-0.5"}), 2, "--temp must be >= 0");
-  check_error(with({"--strategy", "autoregressive", "-k", "-1"}), 2, "-k must be in [1, 4095]");
-  check_error(with({"--strategy", "autoregressive", "-k", "0"}), 2, "-k must be in [1, 4095]");
-  check_error(with({"--strategy", "autoregressive", "-k", "two"}), 2, "-k");
+  check_error(with({"--strategy", "jacobi", "-k", "-1"}), 2, "-k must be in [1, 4095]");
+  check_error(with({"--strategy", "jacobi", "-k", "0"}), 2, "-k must be in [1, 4095]");
+  check_error(with({"--strategy", "jacobi", "-k", "two"}), 2, "-k");
   check_error(with({"--strategy", "autoregressive", "-n", "1.5"}), 2, "-n expects");
   check_error(with({"--strategy", "autoregressive", "-n", "-3"}), 2, "-n must be");
   check_error(with({"--strategy", "autoregressive", "--top-p", "0"}), 2,
@@ -424,7 +481,8 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
   check_error(with({"--strategy", "layer-skip", "--skip-layers", "1,"}), 2, "--skip-layers");
   check_error(with({"--strategy", "layer-skip", "--skip-layers", "99"}), 2,
               "beyond the model's 5 layers");
-  check_error(with({"--strategy", "layer-skip", "--ngram", "2"}), 2, "prompt-lookup only");
+  check_error(with({"--strategy", "layer-skip", "--ngram", "2"}), 2,
+              "--ngram applies to --strategy prompt-lookup and rest only (not layer-skip)");
   check_error(with({"--strategy", "prompt-lookup", "--ngram", "2", "--ngram-min", "3"}), 2,
               "--ngram-min 3 exceeds --ngram 2");
   check_error(with({"--strategy", "prompt-lookup", "--ngram", "17"}), 2, "--ngram");
@@ -476,13 +534,181 @@ TEST_CASE("generate: run-time errors exit 1 with one line") {
 
 TEST_CASE("generate: an empty prompt is BOS alone; --json text equals the streamed text") {
   std::vector<std::string> const args = {"--prompt", "", "--strategy", "layer-skip", "-n", "16"};
-  json_value const j = gen_json(args);
-  CHECK(j["prompt_ids"].ints() == std::vector<std::int64_t>{1});
+  json const j = gen_json(args);
+  CHECK(ints(j.at("prompt_ids")) == std::vector<std::int64_t>{1});
   CHECK(tokens_of(j).size() == 16);
-  std::string const text = j["text"].str();
+  std::string const text = str(j.at("text"));
   REQUIRE(!text.empty());
   CHECK(text.front() != ' ');  // the piece after BOS drops its leading space
   process_result const r = gen(args);
   REQUIRE(r.status == 0);
   CHECK(r.out.rfind(text + "\n", 0) == 0);
 }
+
+TEST_CASE("generate: --help lists every strategy of the table with its options") {
+  process_result const r = tools_test::run_process(program(), {"-h"});
+  REQUIRE(r.status == 0);
+  CHECK(r.err.empty());
+  std::string const& help = r.out;
+  for (generate::option_spec const* o : generate::all_options()) {
+    CAPTURE(o->flag);
+    CHECK(help.find(std::string(o->flag) + (o->value_name.empty() ? "" : " ")) !=
+          std::string::npos);
+  }
+  // Each strategy's line (its name and help), then its options before the next strategy's line.
+  std::size_t at = help.find("\nstrategy:\n");
+  REQUIRE(at != std::string::npos);
+  for (generate::strategy const& s : generate::strategies) {
+    CAPTURE(s.name);
+    std::size_t const line = help.find("\n  " + std::string(s.name) + " ", at);
+    REQUIRE(line != std::string::npos);
+    CHECK(help.find(std::string(s.help.substr(0, 30)), line) < help.find('\n', line + 1));
+    std::size_t next = help.find("\n  ", line + 1);
+    while (next != std::string::npos && help.compare(next, 5, "\n    ") == 0)
+      next = help.find("\n  ", next + 1);  // the strategy's option lines are indented deeper
+    std::string const section = help.substr(line, next - line);
+    for (generate::option_spec const* o : s.options) {
+      CAPTURE(o->flag);
+      CHECK(section.find("\n    " + std::string(o->flag)) != std::string::npos);
+    }
+    if (s.greedy_only) CHECK(section.find("greedy only") != std::string::npos);
+    at = line + 1;
+  }
+  CHECK(help.find("needs --temp > 0") != std::string::npos);
+}
+
+TEST_CASE("generate: an option of another strategy is refused, naming both") {
+  for (generate::strategy const& s : generate::strategies) {
+    for (generate::strategy const& other : generate::strategies) {
+      for (generate::option_spec const* o : other.options) {
+        if (generate::find_option(s, o->flag) != nullptr) continue;
+        std::vector<std::string> args = once({"-n", "4"});
+        for (std::string const& a : strategy_args(s)) args.push_back(a);
+        args.emplace_back(o->flag);
+        for (std::string const& v : valid_value(*o)) args.push_back(v);
+        CAPTURE(s.name);
+        CAPTURE(o->flag);
+        check_error(args, 2,
+                    std::string(o->flag) + " applies to --strategy " +
+                        generate::strategies_with(o->flag) + " only (not " + std::string(s.name) +
+                        ")");
+      }
+    }
+  }
+  // The strategies that share a flag are all named.
+  CHECK(generate::strategies_with("-k") == "draft, layer-skip and jacobi");
+  check_error(once({"--strategy", "autoregressive", "-k", "3"}), 2,
+              "-k applies to --strategy draft, layer-skip and jacobi only (not autoregressive)");
+  check_error(once({"--strategy", "lookahead", "-k", "3"}), 2, "(not lookahead)");
+  check_error(once({"--strategy", "prompt-lookup", "-k", "3"}), 2, "(not prompt-lookup)");
+  check_error(once({"--strategy", "rest", "--datastore", stories_datastore(), "-k", "3"}), 2,
+              "(not rest)");
+  check_error(once({"--strategy", "jacobi", "--depth", "3"}), 2,
+              "--depth applies to --strategy prompt-lookup and rest only (not jacobi)");
+  // The default strategy follows a required option; other options still belong to one strategy.
+  CHECK(str(gen_json(once({"-n", "4", "--datastore", stories_datastore()})).at("strategy")) ==
+        "rest");
+  check_error(once({"--draft", model(), "--branches", "2"}), 2, "(not draft)");
+  check_error(once({"--branches", "2", "--adaptive"}), 2, "(not prompt-lookup)");
+  check_error(once({"--strategy", "rest"}), 2, "--strategy rest needs --datastore PATH");
+}
+
+TEST_CASE("generate: an option given twice is refused") {
+  struct repeated {
+    std::vector<std::string> args;  // after the fixture's --model, --tokenizer and --prompt
+    char const* flag;               // the option named in the error
+  };
+  for (repeated const& r : std::vector<repeated>{
+           {{"-n", "3", "-n", "4"}, "-n"},
+           {{"--json", "--json"}, "--json"},
+           {{"--compare", "--compare"}, "--compare"},
+           {{"--temp", "1", "--temperature", "1"}, "--temp"},
+           {{"--prompt", "again"}, "--prompt"},
+           {{"--model", model()}, "--model"},
+           {{"--strategy", "jacobi", "-k", "2", "-k", "3"}, "-k"},
+           {{"--strategy", "draft", "--draft", model(), "--draft", model()}, "--draft"},
+           {{"--strategy", "layer-skip", "--adaptive", "--adaptive"}, "--adaptive"},
+           {{"--strategy", "jacobi", "--strategy", "jacobi"}, "--strategy"}}) {
+    std::vector<std::string> args = once({});
+    args.insert(args.end(), r.args.begin(), r.args.end());
+    CAPTURE(r.flag);
+    check_error(args, 2, std::string(r.flag) + " is given more than once");
+  }
+  // --stop is the one repeatable option: each text stops generation.
+  json const j = gen_json(
+      once({"--strategy", "autoregressive", "-n", "100", "--stop", "zzz", "--stop", "Lily"}));
+  CHECK(str(j.at("finish_reason")) == "stop_string");
+}
+
+TEST_CASE("generate: options that only shape sampling are refused at temperature 0") {
+  std::size_t checked = 0;
+  for (generate::option_spec const* o : generate::all_options()) {
+    if (!o->sampling_only) continue;
+    ++checked;
+    CAPTURE(o->flag);
+    std::vector<std::string> args = once({"--strategy", "autoregressive", "-n", "4"});
+    args.emplace_back(o->flag);
+    for (std::string const& v : valid_value(*o)) args.push_back(v);
+    check_error(args, 2, std::string(o->flag) + " applies to sampling only (--temp > 0)");
+    args.insert(args.end(), {"--temp", "0.8"});
+    CHECK(tokens_of(gen_json(args)).size() == 4);
+  }
+  CHECK(checked == 4);  // --top-k, --top-p, --min-p, --seed
+  // The penalties change greedy decoding, so they apply at temperature 0 too.
+  for (char const* penalty : {"--repetition-penalty", "--frequency-penalty", "--presence-penalty"})
+    CHECK(tokens_of(gen_json(once({"--strategy", "autoregressive", "-n", "4", penalty, "1.5"})))
+              .size() == 4);
+}
+
+TEST_CASE("generate: every strategy of the table gives the greedy output at temperature 0") {
+  for (generate::strategy const& s : generate::strategies) {
+    CAPTURE(s.name);
+    std::vector<std::string> args = once({"-n", "48", "--compare"});
+    for (std::string const& a : strategy_args(s)) args.push_back(a);
+    json const j = gen_json(args);
+    CHECK(str(j.at("strategy")) == s.name);
+    CHECK(boolean(j.at("stats").at("outputs_identical")));
+    CHECK(tokens_of(j) == reference_continuation(48));
+    CHECK(str(j.at("verifier")) == (s.name == "autoregressive" ? "none" : "greedy"));
+  }
+}
+
+TEST_CASE("generate: each strategy's options reach its proposer, which sets the node budget") {
+  auto const stats = [](json const& j) { return j.at("stats"); };
+  // jacobi: -k guesses per step, a chain of k nodes.
+  json const jacobi = gen_json(once({"--strategy", "jacobi", "-k", "3", "-n", "40"}));
+  CHECK(str(jacobi.at("description")) == "Jacobi, k = 3");
+  CHECK(num(stats(jacobi).at("max_tree_size")) == 3);
+  CHECK(tokens_of(jacobi) == reference_continuation(40));
+  // layer-skip: an adaptive chain stays within --k-max.
+  json const adaptive = gen_json(
+      once({"--strategy", "layer-skip", "-k", "2", "--adaptive", "--k-max", "5", "-n", "60"}));
+  CHECK(str(adaptive.at("description")).find("adaptive k from 2 in [1, 5]") != std::string::npos);
+  CHECK(num(stats(adaptive).at("max_tree_size")) <= 5);
+  CHECK(num(stats(adaptive).at("max_tree_size")) > 2);
+  // rest: --depth bounds the depth, --max-nodes the tree.
+  json const rest = gen_json(once({"--strategy", "rest", "--datastore", stories_datastore(),
+                                   "--depth", "3", "--max-nodes", "5", "-n", "48"}));
+  CHECK(str(rest.at("description")).find("depth 3, 5 nodes") != std::string::npos);
+  CHECK(ints(stats(rest).at("drafted_at_depth")).size() <= 3);
+  CHECK(num(stats(rest).at("max_tree_size")) <= 5);
+  CHECK(num(stats(rest).at("max_tree_size")) > 0);
+  CHECK(tokens_of(rest) == reference_continuation(48));
+  // lookahead: G candidates of N - 1 tokens at most.
+  json const lookahead = gen_json(once({"--strategy", "lookahead", "--lookahead-guesses", "2",
+                                        "--lookahead-ngram", "3", "-n", "64"}));
+  CHECK(str(lookahead.at("description")) == "lookahead, W = 5, N = 3, G = 2");
+  CHECK(num(stats(lookahead).at("max_tree_size")) <= 4);
+  CHECK(ints(stats(lookahead).at("drafted_at_depth")).size() <= 2);
+  CHECK(tokens_of(lookahead) == reference_continuation(64));
+  json const no_guesses =
+      gen_json(once({"--strategy", "lookahead", "--lookahead-guesses", "0", "-n", "16"}));
+  CHECK(num(stats(no_guesses).at("drafted")) == 0);
+  // prompt-lookup: a chain of --depth nodes at most.
+  json const chain =
+      gen_json(once({"--strategy", "prompt-lookup", "--depth", "2", "--ngram", "1", "-n", "64"}));
+  CHECK(str(chain.at("description")) == "prompt lookup, n-grams 1..1, depth 2");
+  CHECK(num(stats(chain).at("max_tree_size")) == 2);
+}
+
+#endif  // SPECDEC_GENERATE_PATH

@@ -1,5 +1,6 @@
 #pragma once
-// specdec-generate's output after generation: the statistics table, and the --json object.
+// specdec-generate's output after generation: the statistics table, and the "stats" member of
+// the --json object (nlohmann/json, members in a fixed order).
 
 #include <algorithm>
 #include <cstddef>
@@ -9,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "generate/json.hpp"
+#include <nlohmann/json.hpp>
+
 #include "generate/strategies.hpp"
 #include "specdec/core/stats.hpp"
 #include "specdec/core/types.hpp"
@@ -147,39 +149,35 @@ inline void print_table(std::FILE* f, run_output const& run, comparison const* c
 }
 
 //! The "stats" member of --json.
-inline std::string stats_json(run_output const& run, comparison const* cmp) {
+inline nlohmann::ordered_json stats_json(run_output const& run, comparison const* cmp) {
   sd::request_stats const& s = run.result.stats;
-  json_object o;
-  o.count("prompt_tokens", s.prompt_tokens)
-      .count("generated", s.generated)
-      .count("steps", s.steps)
-      .count("drafted", s.drafted)
-      .count("accepted", s.accepted)
-      .count("aux_tokens", s.aux_tokens)
-      .number("acceptance_rate", s.acceptance_rate())
-      .raw("drafted_at_depth", json_int_array(std::span<std::size_t const>(s.drafted_at_depth)))
-      .raw("accepted_at_depth", json_int_array(std::span<std::size_t const>(s.accepted_at_depth)));
-  std::string by_depth = "[";
-  for (double v : acceptance_by_depth(s))
-    by_depth += (by_depth.size() > 1 ? "," : "") + json_number(v);
-  by_depth += "]";
-  o.raw("acceptance_by_depth", by_depth)
-      .number("mean_accepted_length", s.mean_accepted_length())
-      .count("max_tree_size", s.max_tree_size)
-      .number("tokens_per_second", s.tokens_per_second())
-      .number("prefill_seconds", s.prefill_seconds)
-      .number("propose_seconds", s.propose_seconds)
-      .number("score_seconds", s.score_seconds)
-      .number("verify_seconds", s.verify_seconds)
-      .number("commit_seconds", s.commit_seconds)
-      .number("total_seconds", s.total_seconds);
+  nlohmann::ordered_json o;
+  o["prompt_tokens"] = s.prompt_tokens;
+  o["generated"] = s.generated;
+  o["steps"] = s.steps;
+  o["drafted"] = s.drafted;
+  o["accepted"] = s.accepted;
+  o["aux_tokens"] = s.aux_tokens;
+  o["acceptance_rate"] = s.acceptance_rate();
+  o["drafted_at_depth"] = s.drafted_at_depth;
+  o["accepted_at_depth"] = s.accepted_at_depth;
+  o["acceptance_by_depth"] = acceptance_by_depth(s);
+  o["mean_accepted_length"] = s.mean_accepted_length();
+  o["max_tree_size"] = s.max_tree_size;
+  o["tokens_per_second"] = s.tokens_per_second();
+  o["prefill_seconds"] = s.prefill_seconds;
+  o["propose_seconds"] = s.propose_seconds;
+  o["score_seconds"] = s.score_seconds;
+  o["verify_seconds"] = s.verify_seconds;
+  o["commit_seconds"] = s.commit_seconds;
+  o["total_seconds"] = s.total_seconds;
   if (cmp != nullptr) {
-    o.number("baseline_tokens_per_second", cmp->baseline.result.stats.tokens_per_second())
-        .number("baseline_total_seconds", cmp->baseline.result.stats.total_seconds)
-        .number("speedup", cmp->speedup(s));
-    if (cmp->identical.has_value()) o.boolean("outputs_identical", *cmp->identical);
+    o["baseline_tokens_per_second"] = cmp->baseline.result.stats.tokens_per_second();
+    o["baseline_total_seconds"] = cmp->baseline.result.stats.total_seconds;
+    o["speedup"] = cmp->speedup(s);
+    if (cmp->identical.has_value()) o["outputs_identical"] = *cmp->identical;
   }
-  return o.str();
+  return o;
 }
 
 }  // namespace generate

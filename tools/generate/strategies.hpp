@@ -1,14 +1,23 @@
 #pragma once
-// specdec-generate's strategies: one function per --strategy value, each building its proposer
-// and verifier and running one request through `run_speculative` (or the autoregressive
-// baseline). Adding a strategy: write a `run_<name>(session&)` function and add one row to
-// `strategies` (and its name to options.hpp's `strategy_names` and help text).
+// specdec-generate's strategies, each declared once in `strategies`: its --strategy name, its
+// one-line help, its own options (option.hpp), the checks between them, and how it builds its
+// proposer and verifier and runs one request. The command-line parser, the --help text, the
+// checks and the construction all read this table (options.hpp, specdec-generate.cpp).
+//
+// Adding a strategy: declare its options (an `option_spec` each), write a `run_<name>(session&)`
+// function that reads them from `session::values`, builds the proposer and calls `run_candidates`
+// or `run_speculative`, and add one row to `strategies`. An option of a strategy is refused with
+// any other strategy; a flag may be declared by several strategies (each with its own default and
+// domain) when it means the same thing for each.
+//
+// Node budgets are the proposers' own (`max_nodes()`): the decoder sizes each step's tree from
+// the proposer, so the options say what to draft and nothing here computes a budget.
 //
 // Verification: temperature 0 is greedy, checked token by token by `greedy_verifier` (the output
 // equals plain greedy decoding). Above 0 the sampler's distribution is verified losslessly: a
 // sampled draft chain (draft model, layer skip) by `speculative_sampling_verifier` with the
-// draft's q rows, deterministic candidates (prompt lookup, chains or trees) by `tree_verifier`,
-// which treats each candidate as a point mass.
+// draft's q rows, deterministic candidates (prompt lookup, REST, lookahead; chains or trees) by
+// `tree_verifier`, which treats each candidate as a point mass.
 
 #include <algorithm>
 #include <cstddef>
@@ -21,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "generate/options.hpp"
+#include "generate/option.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/types.hpp"
@@ -52,46 +61,39 @@ struct run_output {
   std::string verifier;      //!< "greedy", "speculative sampling", "tree (point masses)" or "none"
 };
 
-//! What every strategy runs against: the options, the loaded target, the prompt, the decode
-//! configuration and sampling policy, and the streaming callback (empty for --json).
+//! What every strategy runs against: the parsed options, the loaded target, the prompt, the
+//! decode configuration and sampling policy, and the streaming callback (empty for --json).
 struct session {
-  options const& opt;
+  option_values const& values;                       //!< every option given
   std::shared_ptr<sd::llama_weights const> weights;  //!< the target's weights
   sd::cpu_llama& target;                             //!< the target model
-  std::span<sd::token_id const> prompt;              //!< BOS + the encoded prompt
-  sd::decode_config config;                          //!< stops, length, seed
-  sd::sampler policy;                                //!< the sampling policy of every row
-  sd::token_callback on_token;                       //!< called per committed token, or empty
-
-  //! Options for another model instance of this session (draft, layer-skipped copy).
-  [[nodiscard]] sd::cpu_llama_options model_options() const {
-    return {.threads = opt.threads, .max_context = opt.context};
-  }
-  //! The draft-chain configuration from -k, --adaptive, --k-max and --confidence.
-  [[nodiscard]] sd::draft_model_config chain_config() const {
-    std::size_t const k_max =
-        opt.adaptive ? opt.k_max.value_or(std::max<std::size_t>(8, opt.k)) : opt.k;
-    return {.k = opt.k,
-            .adaptive = opt.adaptive,
-            .k_min = 1,
-            .k_max = std::max<std::size_t>(k_max, 1),
-            .confidence_threshold = opt.confidence};
-  }
-  //! Whether decoding is greedy (temperature 0).
-  [[nodiscard]] bool greedy() const noexcept { return opt.temperature == 0.0f; }
+  sd::cpu_llama_options model_options;   //!< options of another model instance (draft, layer skip)
+  std::span<sd::token_id const> prompt;  //!< BOS + the encoded prompt
+  sd::decode_config config;              //!< stops, length, seed (no node cap)
+  sd::sampler policy;                    //!< the sampling policy of every row
+  bool greedy = true;                    //!< temperature 0
+  sd::token_callback on_token;           //!< called per committed token, or empty
 };
 
-//! Runs one request with `proposer` and `verifier`, scoring at most `max_nodes` draft nodes per
-//! step.
+//! Runs one request with `proposer` and `verifier`; the decoder takes the node budget of each
+//! step from the proposer (`max_nodes()`).
 template <class Proposer, class Verifier>
-run_output run_speculative(session& s, Proposer& proposer, Verifier verifier, std::size_t max_nodes,
+run_output run_speculative(session& s, Proposer& proposer, Verifier verifier,
                            std::string description, std::string verifier_name) {
-  sd::decode_config config = s.config;
-  config.max_draft_nodes = std::min<std::size_t>(max_nodes, sd::max_tree_nodes - 1);
-  sd::speculative_decoder decoder(s.target, proposer, std::move(verifier), s.policy, config);
+  sd::speculative_decoder decoder(s.target, proposer, std::move(verifier), s.policy, s.config);
   run_output out{{}, std::move(description), std::move(verifier_name)};
   decoder.generate(s.prompt, out.result, s.on_token);
   return out;
+}
+
+//! Runs one request with a proposer of deterministic candidates (chains or trees): greedy
+//! verification at temperature 0, else the tree verifier (each candidate a point mass).
+template <class Proposer>
+run_output run_candidates(session& s, Proposer& proposer, std::string description) {
+  if (s.greedy)
+    return run_speculative(s, proposer, sd::greedy_verifier{}, std::move(description), "greedy");
+  return run_speculative(s, proposer, sd::tree_verifier{}, std::move(description),
+                         "tree (point masses)");
 }
 
 //! Calls `f(std::integral_constant<draft_mode, M>{})` with M = greedy at temperature 0, else
@@ -99,7 +101,7 @@ run_output run_speculative(session& s, Proposer& proposer, Verifier verifier, st
 //! q rows under sampling.
 template <class F>
 run_output with_draft_mode(session const& s, F&& f) {
-  if (s.greedy()) return f(std::integral_constant<sd::draft_mode, sd::draft_mode::greedy>{});
+  if (s.greedy) return f(std::integral_constant<sd::draft_mode, sd::draft_mode::greedy>{});
   return f(std::integral_constant<sd::draft_mode, sd::draft_mode::sample>{});
 }
 
@@ -113,18 +115,207 @@ template <sd::draft_mode M>
 constexpr char const* chain_verifier_name =
     M == sd::draft_mode::greedy ? "greedy" : "speculative sampling";
 
-//! Describes -k / --adaptive for a model-drafted chain.
-inline std::string chain_description(session const& s) {
-  sd::draft_model_config const c = s.chain_config();
+// ---------------------------------------------------------------------------------------------
+// The strategies' options.
+
+//! Options of the strategies (see `strategies` for which strategy declares which).
+namespace opt {
+
+//! draft: the draft model.
+inline constexpr option_spec draft_model{
+    .flag = "--draft",
+    .value_name = "PATH",
+    .kind = value_kind::file,
+    .help = "the draft model (llama2.c or GGUF, the target's vocabulary)",
+    .required = true};
+//! draft, layer-skip, jacobi: the chain's length.
+inline constexpr option_spec chain_length{.flag = "-k",
+                                          .value_name = "N",
+                                          .kind = value_kind::count,
+                                          .help = "tokens drafted per step, as one chain",
+                                          .count_lo = 1,
+                                          .count_hi = 4095,
+                                          .count_default = 4};
+//! draft, layer-skip: adaptive chain length.
+inline constexpr option_spec adaptive{
+    .flag = "--adaptive",
+    .help =
+        "adapt k to acceptance (grow after a fully accepted step, shrink after a rejection), "
+        "within [1, --k-max]"};
+//! draft, layer-skip: the largest adaptive chain length.
+inline constexpr option_spec k_max{.flag = "--k-max",
+                                   .value_name = "N",
+                                   .kind = value_kind::count,
+                                   .help = "largest adaptive k (needs --adaptive; at least k)",
+                                   .default_text = "max(8, k)",
+                                   .count_lo = 1,
+                                   .count_hi = 4095};
+//! draft, layer-skip: the confidence cutoff.
+inline constexpr option_spec confidence{
+    .flag = "--confidence",
+    .value_name = "P",
+    .kind = value_kind::real,
+    .help = "stop drafting once the draft's top probability falls below P (0 = off)",
+    .real_lo = 0.0f,
+    .real_hi = 1.0f};
+//! layer-skip: the skipped layers.
+inline constexpr option_spec skip_layers{.flag = "--skip-layers",
+                                         .value_name = "LIST",
+                                         .kind = value_kind::layers,
+                                         .help = "the layers the draft skips, e.g. 2 or 1,3",
+                                         .default_text = "the middle layer, n_layers / 2"};
+//! prompt-lookup: tokens per continuation.
+inline constexpr option_spec lookup_depth{
+    .flag = "--depth",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "most tokens drafted per continuation (the tree's depth)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = 4};
+//! prompt-lookup: continuations merged into a tree.
+inline constexpr option_spec lookup_branches{
+    .flag = "--branches",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "most distinct continuations merged into a tree (1 = a chain)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = 1};
+//! prompt-lookup: the longest n-gram matched.
+inline constexpr option_spec lookup_ngram{.flag = "--ngram",
+                                          .value_name = "N",
+                                          .kind = value_kind::count,
+                                          .help = "longest n-gram matched",
+                                          .count_lo = 1,
+                                          .count_hi = 16,
+                                          .count_default = 3};
+//! prompt-lookup: the shortest n-gram matched.
+inline constexpr option_spec lookup_ngram_min{.flag = "--ngram-min",
+                                              .value_name = "N",
+                                              .kind = value_kind::count,
+                                              .help = "shortest n-gram matched (at most --ngram)",
+                                              .count_lo = 1,
+                                              .count_hi = 16,
+                                              .count_default = 1};
+//! rest: the datastore.
+inline constexpr option_spec datastore{
+    .flag = "--datastore",
+    .value_name = "PATH",
+    .kind = value_kind::file,
+    .help = "the retrieval datastore (built by specdec-datastore)",
+    .required = true};
+//! rest: tokens per continuation.
+inline constexpr option_spec rest_depth{
+    .flag = "--depth",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "most tokens drafted per continuation (the tree's depth)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = sd::rest_config{}.depth};
+//! rest: nodes of the pruned trie.
+inline constexpr option_spec rest_nodes{
+    .flag = "--max-nodes",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "draft nodes kept per step, the most frequent prefixes",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = sd::rest_config{}.max_nodes};
+//! rest: the longest context suffix looked up.
+inline constexpr option_spec rest_ngram{.flag = "--ngram",
+                                        .value_name = "N",
+                                        .kind = value_kind::count,
+                                        .help = "longest context suffix looked up",
+                                        .count_lo = 1,
+                                        .count_hi = 256,
+                                        .count_default = sd::rest_config{}.n_max};
+//! rest: the shortest context suffix accepted.
+inline constexpr option_spec rest_ngram_min{
+    .flag = "--ngram-min",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "shortest context suffix accepted as a match (at most --ngram)",
+    .count_lo = 1,
+    .count_hi = 256,
+    .count_default = sd::rest_config{}.n_min};
+//! lookahead: the window's width.
+inline constexpr option_spec lookahead_window{.flag = "--lookahead-window",
+                                              .value_name = "W",
+                                              .kind = value_kind::count,
+                                              .help = "columns of the Jacobi window",
+                                              .count_lo = 1,
+                                              .count_hi = 256,
+                                              .count_default = sd::lookahead_config{}.window};
+//! lookahead: the n-gram size.
+inline constexpr option_spec lookahead_ngram{.flag = "--lookahead-ngram",
+                                             .value_name = "N",
+                                             .kind = value_kind::count,
+                                             .help = "n-gram size (the window has N - 1 levels)",
+                                             .count_lo = 2,
+                                             .count_hi = 16,
+                                             .count_default = sd::lookahead_config{}.ngram};
+//! lookahead: the candidates verified per step.
+inline constexpr option_spec lookahead_guesses{.flag = "--lookahead-guesses",
+                                               .value_name = "G",
+                                               .kind = value_kind::count,
+                                               .help = "candidate n-grams verified per step",
+                                               .count_lo = 0,
+                                               .count_hi = 256,
+                                               .count_default = sd::lookahead_config{}.guesses};
+
+}  // namespace opt
+
+// ---------------------------------------------------------------------------------------------
+// Checks between a strategy's options (run before any file is loaded).
+
+//! draft, layer-skip: --k-max needs --adaptive and is at least -k.
+inline void check_chain(option_values const& v) {
+  if (!v.given(opt::k_max)) return;
+  if (!v.flag(opt::adaptive)) throw usage_error("--k-max needs --adaptive");
+  if (v.count(opt::k_max) < v.count(opt::chain_length))
+    throw usage_error("--k-max " + std::to_string(v.count(opt::k_max)) + " is below -k " +
+                      std::to_string(v.count(opt::chain_length)));
+}
+
+//! prompt-lookup, rest: the shortest n-gram is at most the longest.
+template <option_spec const& Max, option_spec const& Min>
+void check_ngram(option_values const& v) {
+  if (v.count(Min) > v.count(Max))
+    throw usage_error(std::string(Min.flag) + " " + std::to_string(v.count(Min)) + " exceeds " +
+                      std::string(Max.flag) + " " + std::to_string(v.count(Max)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// How each strategy runs one request.
+
+//! The draft-chain configuration from -k, --adaptive, --k-max and --confidence.
+inline sd::draft_model_config chain_config(option_values const& v) {
+  auto const k = static_cast<std::size_t>(v.count(opt::chain_length));
+  bool const adaptive = v.flag(opt::adaptive);
+  std::size_t const k_max = !adaptive             ? k
+                            : v.given(opt::k_max) ? static_cast<std::size_t>(v.count(opt::k_max))
+                                                  : std::max<std::size_t>(8, k);
+  return {.k = k,
+          .adaptive = adaptive,
+          .k_min = 1,
+          .k_max = k_max,
+          .confidence_threshold = v.real(opt::confidence)};
+}
+
+//! Describes a draft chain's settings: "k = 4", or "adaptive k from 4 in [1, 8]", and the
+//! confidence cutoff.
+inline std::string chain_description(sd::draft_model_config const& c) {
   std::string d = c.adaptive ? "adaptive k from " + std::to_string(c.k) + " in [1, " +
                                    std::to_string(c.k_max) + "]"
                              : "k = " + std::to_string(c.k);
   if (c.confidence_threshold > 0.0f)
-    d += ", confidence cutoff " + std::to_string(c.confidence_threshold).substr(0, 5);
+    d += ", confidence cutoff " + option_spec::number_text(c.confidence_threshold);
   return d;
 }
 
-//! --strategy autoregressive: the plain baseline (one target forward per token).
+//! autoregressive: the plain baseline (one target forward per token).
 inline run_output run_autoregressive(session& s) {
   sd::autoregressive_decoder decoder(s.target, s.policy, s.config);
   run_output out{{}, "autoregressive", "none"};
@@ -132,118 +323,178 @@ inline run_output run_autoregressive(session& s) {
   return out;
 }
 
-//! --strategy draft: a separate draft model (--draft) drafts a chain of k tokens per step.
+//! draft: a separate draft model drafts a chain of k tokens per step.
 inline run_output run_draft(session& s) {
-  auto const weights = std::make_shared<sd::llama_weights const>(sd::load_model(*s.opt.draft));
-  sd::cpu_llama draft(weights, s.model_options());
-  sd::draft_model_config const chain = s.chain_config();
+  auto const weights =
+      std::make_shared<sd::llama_weights const>(sd::load_model(*s.values.text(opt::draft_model)));
+  sd::cpu_llama draft(weights, s.model_options);
+  sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
     sd::draft_model_proposer<sd::cpu_llama, sd::sampler, M> proposer(draft, s.target, s.policy,
                                                                      chain);
-    return run_speculative(s, proposer, chain_verifier<M>{}, chain.adaptive ? chain.k_max : chain.k,
-                           "draft model, " + chain_description(s), chain_verifier_name<M>);
+    return run_speculative(s, proposer, chain_verifier<M>{},
+                           "draft model, " + chain_description(chain), chain_verifier_name<M>);
   });
 }
 
-//! --strategy layer-skip: the target with --skip-layers skipped drafts a chain (self-speculation).
+//! layer-skip: the target with some layers skipped drafts a chain (self-speculation).
 inline run_output run_layer_skip(session& s) {
-  std::vector<std::int32_t> const layers = s.opt.skip_layers.value_or(std::vector<std::int32_t>{});
-  sd::draft_model_config const chain = s.chain_config();
+  auto const n_layers = s.weights->config.n_layers;
+  std::vector<std::int32_t> const layers =
+      s.values.layers(opt::skip_layers).value_or(std::vector<std::int32_t>{n_layers / 2});
+  for (std::int32_t l : layers)
+    if (l >= n_layers)
+      throw usage_error("--skip-layers: layer " + std::to_string(l) + " is beyond the model's " +
+                        std::to_string(n_layers) + " layers (0.." + std::to_string(n_layers - 1) +
+                        ")");
+  sd::draft_model_config const chain = chain_config(s.values);
   std::string layer_list;
   for (std::int32_t l : layers) layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
     sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, M> proposer(
-        {.skip_layers = layers, .draft = chain}, s.policy, s.weights, s.model_options());
-    return run_speculative(s, proposer, chain_verifier<M>{}, chain.adaptive ? chain.k_max : chain.k,
-                           "layer skip (layers " + layer_list + "), " + chain_description(s),
+        {.skip_layers = layers, .draft = chain}, s.policy, s.weights, s.model_options);
+    return run_speculative(s, proposer, chain_verifier<M>{},
+                           "layer skip (layers " + layer_list + "), " + chain_description(chain),
                            chain_verifier_name<M>);
   });
 }
 
-//! --strategy prompt-lookup: n-gram matches in the prompt and output draft chains or trees.
+//! prompt-lookup: n-gram matches in the prompt and the output draft chains or trees.
 inline run_output run_prompt_lookup(session& s) {
-  options const& o = s.opt;
-  sd::prompt_lookup_proposer proposer(
-      {.n_max = o.ngram_max, .n_min = o.ngram_min, .k = o.k, .max_branches = o.branches});
-  std::string const description =
-      "prompt lookup, n-grams " + std::to_string(o.ngram_max) + ".." + std::to_string(o.ngram_min) +
-      ", k = " + std::to_string(o.k) +
-      (o.branches > 1 ? ", " + std::to_string(o.branches) + " branches" : "");
-  std::size_t const nodes = o.k * o.branches;
-  if (s.greedy())
-    return run_speculative(s, proposer, sd::greedy_verifier{}, nodes, description, "greedy");
-  return run_speculative(s, proposer, sd::tree_verifier{}, nodes, description,
-                         "tree (point masses)");
+  option_values const& v = s.values;
+  sd::prompt_lookup_config const c{
+      .n_max = static_cast<std::size_t>(v.count(opt::lookup_ngram)),
+      .n_min = static_cast<std::size_t>(v.count(opt::lookup_ngram_min)),
+      .k = static_cast<std::size_t>(v.count(opt::lookup_depth)),
+      .max_branches = static_cast<std::size_t>(v.count(opt::lookup_branches))};
+  sd::prompt_lookup_proposer proposer(c);
+  return run_candidates(
+      s, proposer,
+      "prompt lookup, n-grams " + std::to_string(c.n_max) + ".." + std::to_string(c.n_min) +
+          ", depth " + std::to_string(c.k) +
+          (c.max_branches > 1 ? ", " + std::to_string(c.max_branches) + " branches" : ""));
 }
 
-//! --strategy rest: continuations retrieved from a datastore (--datastore) draft a tree.
+//! rest: continuations retrieved from a datastore draft a tree.
 inline run_output run_rest(session& s) {
+  option_values const& v = s.values;
   auto const datastore =
-      std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(*s.opt.datastore));
+      std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(*v.text(opt::datastore)));
   SPECDEC_CHECK(datastore->vocab_size() <= s.target.vocab_size(), invalid_argument,
                 "--datastore: its vocabulary of ", datastore->vocab_size(),
                 " ids exceeds the model's ", s.target.vocab_size());
-  sd::rest_config config;
-  if (s.opt.k_given) config.depth = s.opt.k;
-  sd::rest_proposer proposer(datastore, config);
-  std::string const description = "REST, " + std::to_string(datastore->size()) +
-                                  "-entry datastore, depth " + std::to_string(config.depth) + ", " +
-                                  std::to_string(config.max_nodes) + " nodes";
-  if (s.greedy())
-    return run_speculative(s, proposer, sd::greedy_verifier{}, config.max_nodes, description,
-                           "greedy");
-  return run_speculative(s, proposer, sd::tree_verifier{}, config.max_nodes, description,
-                         "tree (point masses)");
+  sd::rest_config c;
+  c.n_max = static_cast<std::size_t>(v.count(opt::rest_ngram));
+  c.n_min = static_cast<std::size_t>(v.count(opt::rest_ngram_min));
+  c.depth = static_cast<std::size_t>(v.count(opt::rest_depth));
+  c.max_nodes = static_cast<std::size_t>(v.count(opt::rest_nodes));
+  sd::rest_proposer proposer(datastore, c);
+  return run_candidates(s, proposer,
+                        "REST, " + std::to_string(datastore->size()) + "-entry datastore, depth " +
+                            std::to_string(c.depth) + ", " + std::to_string(c.max_nodes) +
+                            " nodes");
 }
 
-//! --strategy lookahead: a Jacobi window (auxiliary tokens) feeds an n-gram pool whose candidates
-//! for the last token are verified as a tree, both in one forward.
+//! lookahead: a Jacobi window (auxiliary tokens) feeds an n-gram pool whose candidates for the
+//! last token are verified as a tree, both in one forward.
 inline run_output run_lookahead(session& s) {
-  options const& o = s.opt;
-  sd::lookahead_proposer proposer(
-      {.window = o.lookahead_window, .ngram = o.lookahead_ngram, .guesses = o.lookahead_guesses});
-  std::string const description = "lookahead, W = " + std::to_string(o.lookahead_window) +
-                                  ", N = " + std::to_string(o.lookahead_ngram) +
-                                  ", G = " + std::to_string(o.lookahead_guesses);
-  std::size_t const nodes = std::max<std::size_t>(1, o.lookahead_guesses * (o.lookahead_ngram - 1));
-  if (s.greedy())
-    return run_speculative(s, proposer, sd::greedy_verifier{}, nodes, description, "greedy");
-  return run_speculative(s, proposer, sd::tree_verifier{}, nodes, description,
-                         "tree (point masses)");
+  option_values const& v = s.values;
+  sd::lookahead_config const c{
+      .window = static_cast<std::size_t>(v.count(opt::lookahead_window)),
+      .ngram = static_cast<std::size_t>(v.count(opt::lookahead_ngram)),
+      .guesses = static_cast<std::size_t>(v.count(opt::lookahead_guesses))};
+  sd::lookahead_proposer proposer(c);
+  return run_candidates(s, proposer,
+                        "lookahead, W = " + std::to_string(c.window) + ", N = " +
+                            std::to_string(c.ngram) + ", G = " + std::to_string(c.guesses));
 }
 
-//! --strategy jacobi: a block of k guesses refined by the target's own predictions (greedy).
+//! jacobi: a block of k guesses refined by the target's own predictions (greedy only).
 inline run_output run_jacobi(session& s) {
-  sd::jacobi_proposer proposer({.block = s.opt.k});
-  return run_speculative(s, proposer, sd::greedy_verifier{}, s.opt.k,
-                         "Jacobi, k = " + std::to_string(s.opt.k), "greedy");
+  sd::jacobi_config const c{.block = static_cast<std::size_t>(s.values.count(opt::chain_length))};
+  sd::jacobi_proposer proposer(c);
+  return run_speculative(s, proposer, sd::greedy_verifier{},
+                         "Jacobi, k = " + std::to_string(c.block), "greedy");
 }
 
-//! One --strategy value.
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+//! One --strategy value: everything the command line, --help and the run need to know about it.
 struct strategy {
-  std::string_view name;          //!< the --strategy value
-  run_output (*run)(session& s);  //!< runs one request
+  std::string_view name = {};                        //!< the --strategy value
+  std::string_view help = {};                        //!< one line for --help
+  std::span<option_spec const* const> options = {};  //!< its own options, in --help order
+  bool greedy_only = false;                          //!< refused with --temp > 0
+  void (*check)(option_values const&) = nullptr;     //!< checks between its options, or none
+  run_output (*run)(session& s) = nullptr;           //!< runs one request
 };
+
+//! The options of each strategy.
+namespace strategy_options {
+inline constexpr option_spec const* draft[] = {&opt::draft_model, &opt::chain_length,
+                                               &opt::adaptive, &opt::k_max, &opt::confidence};
+inline constexpr option_spec const* layer_skip[] = {&opt::skip_layers, &opt::chain_length,
+                                                    &opt::adaptive, &opt::k_max, &opt::confidence};
+inline constexpr option_spec const* prompt_lookup[] = {&opt::lookup_depth, &opt::lookup_branches,
+                                                       &opt::lookup_ngram, &opt::lookup_ngram_min};
+inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth, &opt::rest_nodes,
+                                              &opt::rest_ngram, &opt::rest_ngram_min};
+inline constexpr option_spec const* lookahead[] = {&opt::lookahead_window, &opt::lookahead_ngram,
+                                                   &opt::lookahead_guesses};
+inline constexpr option_spec const* jacobi[] = {&opt::chain_length};
+}  // namespace strategy_options
 
 //! Every strategy, in --help order.
 inline constexpr strategy strategies[] = {
-    {"autoregressive", run_autoregressive},
-    {"draft", run_draft},
-    {"prompt-lookup", run_prompt_lookup},
-    {"layer-skip", run_layer_skip},
-    {"rest", run_rest},
-    {"lookahead", run_lookahead},
-    {"jacobi", run_jacobi},
+    {.name = "autoregressive",
+     .help = "the baseline: one target forward per token, nothing drafted",
+     .options = {},
+     .run = run_autoregressive},
+    {.name = "draft",
+     .help = "a separate, smaller model drafts a chain of k tokens per step",
+     .options = strategy_options::draft,
+     .check = check_chain,
+     .run = run_draft},
+    {.name = "prompt-lookup",
+     .help = "continuations of n-grams matched in the prompt and the output draft a chain or a "
+             "tree",
+     .options = strategy_options::prompt_lookup,
+     .check = check_ngram<opt::lookup_ngram, opt::lookup_ngram_min>,
+     .run = run_prompt_lookup},
+    {.name = "layer-skip",
+     .help = "the target with some layers skipped drafts a chain (self-speculation)",
+     .options = strategy_options::layer_skip,
+     .check = check_chain,
+     .run = run_layer_skip},
+    {.name = "rest",
+     .help = "continuations retrieved from a datastore draft a tree (REST)",
+     .options = strategy_options::rest,
+     .check = check_ngram<opt::rest_ngram, opt::rest_ngram_min>,
+     .run = run_rest},
+    {.name = "lookahead",
+     .help = "a Jacobi window feeds an n-gram pool whose candidates are verified as a tree",
+     .options = strategy_options::lookahead,
+     .run = run_lookahead},
+    {.name = "jacobi",
+     .help = "a block of k guesses refined by the target's own predictions",
+     .options = strategy_options::jacobi,
+     .greedy_only = true,
+     .run = run_jacobi},
 };
 
-static_assert(std::size(strategies) == std::size(strategy_names),
-              "every strategy needs a name in options.hpp and a row here");
-
-//! The strategy called `name`; throws `usage_error` for an unknown one.
-inline strategy const& find_strategy(std::string_view name) {
+//! The strategy called `name`, or null.
+inline strategy const* find_strategy(std::string_view name) noexcept {
   for (strategy const& s : strategies)
-    if (s.name == name) return s;
-  throw usage_error("unknown strategy '" + std::string(name) + "'");
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+//! Whether strategy `s` declares an option named `flag`.
+inline option_spec const* find_option(strategy const& s, std::string_view flag) noexcept {
+  for (option_spec const* o : s.options)
+    if (o->flag == flag) return o;
+  return nullptr;
 }
 
 }  // namespace generate

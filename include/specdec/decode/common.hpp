@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,6 +68,10 @@ using piece_function = std::function<std::string(token_id previous, token_id tok
 //! request after that token (`finish_reason::cancelled`).
 using token_callback = std::function<bool(token_id token)>;
 
+//! The per-step node budget of a proposer that declares none (no `max_nodes()`) when
+//! `decode_config::max_draft_nodes` is unset.
+inline constexpr std::size_t default_max_draft_nodes = 64;
+
 //! Configuration of one decoder (shared by all its requests).
 struct decode_config {
   //! Most tokens to emit after the prompt (0: a request returns at once, without running the
@@ -84,9 +89,12 @@ struct decode_config {
   std::vector<std::string> stop_strings;
   //! Turns tokens into text for `stop_strings`.
   piece_function piece;
-  //! Most draft nodes (root excluded) scored per step; the proposer's own limits apply within it.
-  //! Ignored by the autoregressive baseline. In [0, max_tree_nodes - 1].
-  std::size_t max_draft_nodes = 64;
+  //! An optional upper cap on the draft nodes (root excluded) scored per step, in
+  //! [0, max_tree_nodes - 1]. The speculative decoder's per-step budget is the proposer's own
+  //! (`max_nodes()`: the most nodes its tree can hold under its configuration), capped by this
+  //! when set; a proposer that declares no `max_nodes()` gets this, or `default_max_draft_nodes`
+  //! when unset. Ignored by the autoregressive baseline.
+  std::optional<std::size_t> max_draft_nodes;
   //! Seed of the request's Philox stream (each request starts at word 0 of `stream`).
   std::uint64_t seed = 0;
   //! Philox stream of each request.
@@ -99,8 +107,8 @@ struct decode_config {
         eos_token == no_token || (eos_token >= 0 && static_cast<std::size_t>(eos_token) < vocab),
         invalid_argument, "decode_config: eos_token ", eos_token, " is outside the vocabulary of ",
         vocab);
-    SPECDEC_CHECK(max_draft_nodes < max_tree_nodes, invalid_argument,
-                  "decode_config: max_draft_nodes ", max_draft_nodes, " must be below ",
+    SPECDEC_CHECK(!max_draft_nodes || *max_draft_nodes < max_tree_nodes, invalid_argument,
+                  "decode_config: max_draft_nodes ", max_draft_nodes.value_or(0), " must be below ",
                   max_tree_nodes);
     for (std::size_t i = 0; i < stop_sequences.size(); ++i) {
       SPECDEC_CHECK(!stop_sequences[i].empty(), invalid_argument, "decode_config: stop_sequences[",

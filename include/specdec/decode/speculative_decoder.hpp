@@ -9,9 +9,12 @@
 //!    prompt token x_t is the root of the first draft tree, so the first generated token is
 //!    already speculated.
 //! 2. each step, with t committed tokens and the target cache holding t - 1 of them:
-//!    - propose: `proposer.propose(ctx, tree)` with `ctx.max_nodes` = min(config.max_draft_nodes,
-//!      the positions left in the context - 1, and for chain proposers the tokens still allowed by
-//!      max_new_tokens - 1);
+//!    - propose: `proposer.propose(ctx, tree)` with `ctx.max_nodes` = min(the node budget, the
+//!      positions left in the context - 1, and for chain proposers the tokens still allowed by
+//!      max_new_tokens - 1). The node budget is the proposer's own (`proposer.max_nodes()`, the
+//!      most nodes its tree can hold under its configuration), capped by config.max_draft_nodes
+//!      when set; a proposer that declares no `max_nodes()` gets config.max_draft_nodes, or
+//!      `default_max_draft_nodes` when unset. The draft tree is sized for the budget;
 //!    - score: one target forward over the whole tree (tokens = tree tokens, positions =
 //!      t - 1 + depth, mask = the tree's ancestor mask), one logits row per node;
 //!    - verify: `verifier.verify(tree, logits, policy, committed, rng, result)`;
@@ -31,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -61,7 +65,8 @@ namespace specdec {
 //!                  `needs_target_hidden` requests hidden rows from the target and passes those of
 //!                  the last committed tokens in `propose_context::target_hidden`;
 //!                  `has_auxiliary_tokens` scores the proposer's auxiliary tokens after the tree
-//!                  in the same forward and shows it the rows (`auxiliary_proposer`).
+//!                  in the same forward and shows it the rows (`auxiliary_proposer`). Its
+//!                  `max_nodes() const`, when it has one, is the node budget of every step.
 //! \tparam Verifier a `verifier` for Policy; owned (verifiers own scratch buffers).
 //! \tparam Policy   a `sampling_policy`; owned. The verifier uses it for every target row.
 //! Pairings that cannot work are rejected at compile time (see `compatible_v`).
@@ -97,10 +102,10 @@ class speculative_decoder {
         verifier_(std::move(verifier)),
         policy_(std::move(policy)),
         config_(std::move(config)),
-        tree_(config_.max_draft_nodes + 1) {
+        tree_(node_budget() + 1) {
     config_.validate(target.vocab_size());
-    positions_.reserve(config_.max_draft_nodes + 1);
-    keep_.reserve(config_.max_draft_nodes + 1);
+    positions_.reserve(node_budget() + 1);
+    keep_.reserve(node_budget() + 1);
   }
 
   //! Generates from `prompt` (every token < vocab, at least one, fitting the context), calling
@@ -121,11 +126,12 @@ class speculative_decoder {
     std::size_t const capacity = detail::context_capacity(target);
     detail::check_prompt(prompt, vocab, capacity, "speculative_decoder");
     config_.validate(vocab);  // config() may have been edited since construction
-    if (tree_.capacity() < config_.max_draft_nodes + 1) tree_.reserve(config_.max_draft_nodes + 1);
+    std::size_t const budget = node_budget();
+    if (tree_.capacity() < budget + 1) tree_.reserve(budget + 1);
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
-    sink_.begin(config_, prompt, out, &on_token, config_.max_draft_nodes);
+    sink_.begin(config_, prompt, out, &on_token, budget);
     if (sink_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
       out.stats.total_seconds = detail::seconds_since(request_start);
       return;
@@ -168,7 +174,7 @@ class speculative_decoder {
       propose_context ctx;
       ctx.tokens = committed;
       ctx.target_hidden = hidden_rows;
-      ctx.max_nodes = std::min(config_.max_draft_nodes, capacity - base - 1);
+      ctx.max_nodes = std::min(budget, capacity - base - 1);
       // A chain deeper than the tokens still allowed cannot be used: a step emits at most its
       // accepted drafts plus one. (A tree's node count is not its depth, so trees keep the bound.)
       if constexpr (!produces_trees_v<Proposer>)
@@ -276,6 +282,19 @@ class speculative_decoder {
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
 
  private:
+  //! The most draft nodes (root excluded) a step scores: the proposer's node budget
+  //! (`max_nodes()`) capped by config.max_draft_nodes when set; for a proposer that declares no
+  //! budget, config.max_draft_nodes or `default_max_draft_nodes`. Below max_tree_nodes.
+  [[nodiscard]] std::size_t node_budget() const {
+    std::size_t budget = config_.max_draft_nodes.value_or(default_max_draft_nodes);
+    if constexpr (requires(Proposer const& p) {
+                    { p.max_nodes() } -> std::convertible_to<std::size_t>;
+                  })
+      budget = std::min<std::size_t>(proposer_->max_nodes(),
+                                     config_.max_draft_nodes.value_or(max_tree_nodes - 1));
+    return std::min(budget, max_tree_nodes - 1);
+  }
+
   //! Copies the hidden rows of the root and the accepted nodes, in order, into `hidden_`.
   matrix_view<float const> gather_hidden() {
     matrix_view<float const> const all = fwd_.hidden_view();

@@ -189,6 +189,10 @@ class chain_drafter {
 
   //! The draft length the next step will use (before the context and max_nodes limits).
   [[nodiscard]] std::size_t current_k() const noexcept { return k_; }
+  //! The longest chain `propose` can draft under this configuration: k_max when adaptive, else k.
+  [[nodiscard]] std::size_t max_nodes() const noexcept {
+    return config_.adaptive ? config_.k_max : config_.k;
+  }
   //! Number of positions in the draft cache.
   [[nodiscard]] std::size_t cached() const noexcept { return cached_.size(); }
   //! [1, vocab] the draft logits of the last forward (the row after the last fed token).
@@ -309,6 +313,10 @@ class draft_model_proposer {
 
   //! The draft length of the next step (before the context and max_nodes limits).
   [[nodiscard]] std::size_t current_k() const noexcept { return drafter_.current_k(); }
+  //! The node budget: the most draft nodes (root excluded) one `propose` can draft under this
+  //! configuration, the longest chain (k_max when adaptive, else k). The decoder scores at most
+  //! this many nodes per step.
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return drafter_.max_nodes(); }
   //! Positions held in the draft model's cache.
   [[nodiscard]] std::size_t cached_positions() const noexcept { return drafter_.cached(); }
   //! [vocab] the draft's logits after the last token it was fed.

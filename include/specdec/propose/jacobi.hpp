@@ -101,6 +101,10 @@ class jacobi_proposer {
   //! Nothing else: the guesses were refreshed in `observe`.
   void accept(verify_result const&) noexcept {}
 
+  //! The node budget: the most draft nodes (root excluded) one `propose` can draft under this
+  //! configuration, the block length k. The decoder scores at most this many nodes per step.
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return config_.block; }
+  //! The configuration (validated).
   [[nodiscard]] jacobi_config const& config() const noexcept { return config_; }
   //! The guesses the next `propose` drafts, [k].
   [[nodiscard]] std::span<token_id const> guesses() const noexcept { return guesses_; }

@@ -90,6 +90,10 @@ class layer_skip_proposer {
   }
   //! The draft length of the next step (before the context and max_nodes limits).
   [[nodiscard]] std::size_t current_k() const noexcept { return drafter_.current_k(); }
+  //! The node budget: the most draft nodes (root excluded) one `propose` can draft under this
+  //! configuration, the longest chain (k_max when adaptive, else k). The decoder scores at most
+  //! this many nodes per step.
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return drafter_.max_nodes(); }
   //! Positions held in the draft instance's cache.
   [[nodiscard]] std::size_t cached_positions() const noexcept { return drafter_.cached(); }
   //! [vocab] the draft's logits after the last token it was fed.

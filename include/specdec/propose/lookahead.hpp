@@ -308,6 +308,14 @@ class lookahead_proposer {
   //! Nothing else to update: the pool learnt from the window in `observe`.
   void accept(verify_result const&) noexcept {}
 
+  //! The node budget: the most draft nodes (root excluded) one `propose` can draft under this
+  //! configuration, G x (N - 1) (at most G pooled continuations of N - 1 tokens each). The Jacobi
+  //! window's auxiliary tokens are not draft nodes and are not counted. The decoder scores at most
+  //! this many tree nodes per step.
+  [[nodiscard]] std::size_t max_nodes() const noexcept {
+    return std::min(config_.guesses * (config_.ngram - 1), max_tree_nodes - 1);
+  }
+  //! The configuration (validated).
   [[nodiscard]] lookahead_config const& config() const noexcept { return config_; }
   //! Levels of the window now (1 after `begin`, N - 1 once warmed up).
   [[nodiscard]] std::size_t window_levels() const noexcept { return levels_used_; }

@@ -248,6 +248,12 @@ class basic_prompt_lookup_proposer {
   //! Nothing to roll back: the committed tokens reach the index at the next `propose`.
   void accept(verify_result const&) noexcept {}
 
+  //! The node budget: the most draft nodes (root excluded) one `propose` can draft under this
+  //! configuration, k x max_branches (each of at most `max_branches` continuations adds at most k
+  //! nodes), and at most max_tree_nodes - 1. The decoder scores at most this many nodes per step.
+  [[nodiscard]] std::size_t max_nodes() const noexcept {
+    return std::min(config_.k * config_.max_branches, max_tree_nodes - 1);
+  }
   //! The configuration (validated).
   [[nodiscard]] prompt_lookup_config const& config() const noexcept { return config_; }
   //! Tokens indexed so far (prompt + committed output).

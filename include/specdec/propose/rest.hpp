@@ -129,7 +129,13 @@ class rest_proposer {
   [[nodiscard]] rest_match const& last_match() const noexcept { return match_; }
   //! Trie nodes built by the last `propose` (before pruning).
   [[nodiscard]] std::size_t last_trie_size() const noexcept { return token_.size(); }
+  //! The node budget: the most draft nodes (root excluded) one `propose` can draft under this
+  //! configuration, `rest_config::max_nodes` (the pruned trie's size). The decoder scores at most
+  //! this many nodes per step.
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return config_.max_nodes; }
+  //! The configuration (validated).
   [[nodiscard]] rest_config const& config() const noexcept { return config_; }
+  //! The datastore drafts are retrieved from.
   [[nodiscard]] rest_datastore const& datastore() const noexcept { return *datastore_; }
 
  private:
