@@ -172,7 +172,12 @@ class Llama(torch.nn.Module):
         return o.view(B, nh, T, hs)
 
     def forward(self, tokens, start_pos=0, cache=None):
-        """tokens [B, T] at positions start_pos.. -> logits [B, T, vocab].
+        """tokens [B, T] at positions start_pos.. -> logits [B, T, vocab] (see hidden)."""
+        return self.hidden(tokens, start_pos, cache) @ self.tok_embeddings.T
+
+    def hidden(self, tokens, start_pos=0, cache=None):
+        """tokens [B, T] at positions start_pos.. -> final hidden states [B, T, dim], after the
+        final RMSNorm (the classifier's input: logits = hidden @ tok_embeddings.T).
 
         Without a cache the attention is causal over the T tokens (start_pos must be 0); with a
         cache the new keys/values are written at start_pos.. and attention covers 0..start_pos+T.
@@ -204,8 +209,7 @@ class Llama(torch.nn.Module):
             x = x + o @ self.wo[layer].T
             h = rms_norm(x, self.rms_ffn[layer], c.rms_eps)
             x = x + (F.silu(h @ self.w1[layer].T) * (h @ self.w3[layer].T)) @ self.w2[layer].T
-        x = rms_norm(x, self.rms_final, c.rms_eps)
-        return x @ self.tok_embeddings.T
+        return rms_norm(x, self.rms_final, c.rms_eps)
 
 
 # ----------------------------------------------------------------------------------------------
