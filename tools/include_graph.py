@@ -130,7 +130,7 @@ def check(files, edges):
         n = text.count("\n")
         if n > MAX_LINES:
             head = text[: text.find("\n#include")] if "\n#include" in text else text[:2000]
-            if "one topic" not in head:
+            if "one topic" not in head.lower():
                 problems.append(f"{f} has {n} lines (over {MAX_LINES}) and its first comment "
                                 "does not say why one topic needs them")
     return problems

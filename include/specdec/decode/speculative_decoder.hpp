@@ -117,7 +117,8 @@ class speculative_decoder {
     return out;
   }
 
-  //! As above, into `out` (its buffers are reused).
+  //! As above, into `out` (its buffers are reused). The loop of DESIGN.md section 1: `prefill`,
+  //! then per step `propose`, `score`, `verify` and `commit`, each phase timed back to back.
   void generate(std::span<token_id const> prompt, decode_result& out,
                 token_callback const& on_token = {}) {
     auto const request_start = std::chrono::steady_clock::now();
@@ -137,26 +138,10 @@ class speculative_decoder {
       return;
     }
     philox rng(config_.seed, config_.stream, 0);
-    target.cache().truncate(0);
 
-    // Prefill x_1..x_{t-1}; x_t is the first root.
     detail::phase_timer timer;
-    matrix_view<float const> hidden_rows;
-    if (prompt.size() > 1) {
-      std::size_t const n = prompt.size() - 1;
-      positions_.resize(n);
-      for (std::size_t i = 0; i < n; ++i) positions_[i] = static_cast<position_t>(i);
-      std::int32_t const last_row = static_cast<std::int32_t>(n - 1);
-      forward_request req{.tokens = prompt.first(n),
-                          .positions = positions_,
-                          .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
-      if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
-      target.forward(req, fwd_);
-      if constexpr (needs_target_hidden_v<Proposer>) hidden_rows = fwd_.hidden_view();
-    }
-    proposer_->begin(prompt);
+    matrix_view<float const> hidden = prefill(prompt);
     timer.lap(detail::phase::prefill);
-
     while (!sink_.done()) {
       std::span<token_id const> const committed = sink_.committed();
       std::size_t const base = committed.size() - 1;  // positions in the target cache
@@ -168,104 +153,13 @@ class speculative_decoder {
         break;
       }
       step_stats step;
-
-      // 1. propose (the phases are timed back to back: this one from the end of the last step's
-      // commit, or of the prefill)
-      propose_context ctx;
-      ctx.tokens = committed;
-      ctx.target_hidden = hidden_rows;
-      ctx.max_nodes = std::min(budget, capacity - base - 1);
-      // A chain deeper than the tokens still allowed cannot be used: a step emits at most its
-      // accepted drafts plus one. (A tree's node count is not its depth, so trees keep the bound.)
-      if constexpr (!produces_trees_v<Proposer>)
-        ctx.max_nodes = std::min(ctx.max_nodes, sink_.remaining() - 1);
-      ctx.rng = &rng;
-      proposer_->propose(ctx, tree_);
-      if constexpr (has_auxiliary_tokens_v<Proposer>) {
-        // Auxiliary tokens follow the tree in the same forward (room: the cache's free positions).
-        std::size_t const free = capacity - base;
-        std::size_t const room =
-            tree_.size() < free ? std::min(free - tree_.size(), max_tree_nodes) : 0;
-        aux_.reset(tree_, static_cast<position_t>(base), room, capacity);
-        proposer_->auxiliary(ctx, tree_, aux_);
-        aux_.finalize();
-        step.aux_tokens = aux_.num_aux();
-      }
+      propose(committed, std::min(budget, capacity - base - 1), capacity, hidden, rng, step);
       timer.lap(detail::phase::propose);
-      SPECDEC_CHECK(!tree_.empty() && tree_.root() == committed.back(), invalid_argument,
-                    "speculative_decoder: the proposer's tree must have the last committed token ",
-                    committed.back(), " as its root");
-      SPECDEC_CHECK(tree_.num_drafted() <= ctx.max_nodes, invalid_argument,
-                    "speculative_decoder: the proposer drafted ", tree_.num_drafted(),
-                    " nodes, more than max_nodes = ", ctx.max_nodes);
-      step.tree_size = tree_.num_drafted();
-      step.tree_depth = static_cast<std::size_t>(tree_.max_depth());
-
-      // 2. score the whole tree in one forward
-      std::size_t const n = tree_.size();
-      positions_.resize(n);
-      for (std::size_t i = 0; i < n; ++i)
-        positions_[i] = static_cast<position_t>(base) + tree_.depth(static_cast<node_index>(i));
-      forward_request req{.tokens = tree_.tokens(),
-                          .positions = positions_,
-                          .mask = tree_.mask(),
-                          .mask_stride = tree_.mask_stride()};
-      if constexpr (has_auxiliary_tokens_v<Proposer>) {
-        if (aux_.num_aux() > 0) {
-          req.tokens = aux_.tokens();
-          req.positions = aux_.positions();
-          req.mask = aux_.mask();
-          req.mask_stride = aux_.mask_stride();
-          req.logits_rows = aux_.logits_rows();
-        }
-      }
-      if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
-      target.forward(req, fwd_);
+      score(base);
       timer.lap(detail::phase::score);
-
-      // 3. verify (the tree's rows come first; auxiliary rows follow)
-      matrix_view<float const> const tree_logits = fwd_.logits_view().subrows(0, n);
-      // The committed tokens were checked as they were committed (the prompt by check_prompt,
-      // the rest by the verifier that produced them).
-      verifier_.verify(tree_, tree_logits, policy_, token_history::checked(committed), rng,
-                       result_);
+      verify(committed, rng);
       timer.lap(detail::phase::verify);
-      SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
-                    "speculative_decoder: the verifier returned ", result_.tokens.size(),
-                    " tokens for ", result_.accepted_nodes.size(), " accepted nodes");
-
-      // 4. commit
-      std::size_t const m = result_.num_accepted();
-      bool prefix_of_chain = true;
-      for (std::size_t i = 0; i < m; ++i) {
-        node_index const a = result_.accepted_nodes[i];
-        SPECDEC_CHECK(a > 0 && static_cast<std::size_t>(a) < n &&
-                          tree_.depth(a) == static_cast<std::int32_t>(i + 1) &&
-                          tree_.parent(a) == (i == 0 ? 0 : result_.accepted_nodes[i - 1]),
-                      internal,
-                      "speculative_decoder: the verifier's accepted nodes are not a "
-                      "root-to-node path (entry ",
-                      i, " is node ", a, ")");
-        prefix_of_chain = prefix_of_chain && a == static_cast<node_index>(i + 1);
-      }
-      if (prefix_of_chain) {
-        target.cache().truncate(base + m + 1);
-      } else {
-        keep_.clear();
-        keep_.push_back(0);
-        keep_.insert(keep_.end(), result_.accepted_nodes.begin(), result_.accepted_nodes.end());
-        target.cache().keep_path(base, keep_);
-      }
-      if constexpr (needs_target_hidden_v<Proposer>) hidden_rows = gather_hidden();
-      if constexpr (has_auxiliary_tokens_v<Proposer>)
-        proposer_->observe(tree_logits, fwd_.logits_view().subrows(n, aux_.num_aux_logits()),
-                           result_);
-      proposer_->accept(result_);
-      step.accepted = m;
-      std::size_t const emitted_before = sink_.emitted();
-      for (token_id tok : result_.tokens)
-        if (sink_.emit(tok)) break;
-      step.emitted = sink_.emitted() - emitted_before;
+      hidden = commit(base, step);
       timer.lap(detail::phase::commit);
       out.stats.add(step);
     }
@@ -293,6 +187,146 @@ class speculative_decoder {
       budget = std::min<std::size_t>(proposer_->max_nodes(),
                                      config_.max_draft_nodes.value_or(max_tree_nodes - 1));
     return std::min(budget, max_tree_nodes - 1);
+  }
+
+  //! Prefill: the target scores prompt tokens x_1..x_{t-1} in one forward (logits for the last
+  //! row only; hidden rows when the proposer reads them); x_t is the first root. Then the proposer
+  //! starts the sequence. Returns the hidden rows the first `propose` sees.
+  matrix_view<float const> prefill(std::span<token_id const> prompt) {
+    target_->cache().truncate(0);
+    matrix_view<float const> hidden;
+    if (prompt.size() > 1) {
+      std::size_t const n = prompt.size() - 1;
+      positions_.resize(n);
+      for (std::size_t i = 0; i < n; ++i) positions_[i] = static_cast<position_t>(i);
+      std::int32_t const last_row = static_cast<std::int32_t>(n - 1);
+      forward_request req{.tokens = prompt.first(n),
+                          .positions = positions_,
+                          .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
+      if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
+      target_->forward(req, fwd_);
+      if constexpr (needs_target_hidden_v<Proposer>) hidden = fwd_.hidden_view();
+    }
+    proposer_->begin(prompt);
+    return hidden;
+  }
+
+  //! Propose: the proposer drafts `tree_` (root = the last committed token) with at most
+  //! `max_nodes` nodes, fewer for a chain than the tokens still allowed; an auxiliary proposer
+  //! then appends its tokens after the tree. Checks what came back.
+  void propose(std::span<token_id const> committed, std::size_t max_nodes, std::size_t capacity,
+               matrix_view<float const> hidden, philox& rng, step_stats& step) {
+    propose_context ctx;
+    ctx.tokens = committed;
+    ctx.target_hidden = hidden;
+    ctx.max_nodes = max_nodes;
+    // A chain deeper than the tokens still allowed cannot be used: a step emits at most its
+    // accepted drafts plus one. (A tree's node count is not its depth, so trees keep the bound.)
+    if constexpr (!produces_trees_v<Proposer>)
+      ctx.max_nodes = std::min(ctx.max_nodes, sink_.remaining() - 1);
+    ctx.rng = &rng;
+    proposer_->propose(ctx, tree_);
+    if constexpr (has_auxiliary_tokens_v<Proposer>) {
+      // Auxiliary tokens follow the tree in the same forward (room: the cache's free positions).
+      std::size_t const base = committed.size() - 1;
+      std::size_t const free = capacity - base;
+      std::size_t const room =
+          tree_.size() < free ? std::min(free - tree_.size(), max_tree_nodes) : 0;
+      aux_.reset(tree_, static_cast<position_t>(base), room, capacity);
+      proposer_->auxiliary(ctx, tree_, aux_);
+      aux_.finalize();
+      step.aux_tokens = aux_.num_aux();
+    }
+    SPECDEC_CHECK(!tree_.empty() && tree_.root() == committed.back(), invalid_argument,
+                  "speculative_decoder: the proposer's tree must have the last committed token ",
+                  committed.back(), " as its root");
+    SPECDEC_CHECK(tree_.num_drafted() <= ctx.max_nodes, invalid_argument,
+                  "speculative_decoder: the proposer drafted ", tree_.num_drafted(),
+                  " nodes, more than max_nodes = ", ctx.max_nodes);
+    step.tree_size = tree_.num_drafted();
+    step.tree_depth = static_cast<std::size_t>(tree_.max_depth());
+  }
+
+  //! Score: one target forward over the whole tree (positions base + depth, the tree's ancestor
+  //! mask), followed by the auxiliary tokens when there are any; one logits row per node.
+  void score(std::size_t base) {
+    std::size_t const n = tree_.size();
+    positions_.resize(n);
+    for (std::size_t i = 0; i < n; ++i)
+      positions_[i] = static_cast<position_t>(base) + tree_.depth(static_cast<node_index>(i));
+    forward_request req{.tokens = tree_.tokens(),
+                        .positions = positions_,
+                        .mask = tree_.mask(),
+                        .mask_stride = tree_.mask_stride()};
+    if constexpr (has_auxiliary_tokens_v<Proposer>) {
+      if (aux_.num_aux() > 0) {
+        req.tokens = aux_.tokens();
+        req.positions = aux_.positions();
+        req.mask = aux_.mask();
+        req.mask_stride = aux_.mask_stride();
+        req.logits_rows = aux_.logits_rows();
+      }
+    }
+    if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
+    target_->forward(req, fwd_);
+  }
+
+  //! The tree's logits rows (auxiliary rows follow them in the forward's result).
+  [[nodiscard]] matrix_view<float const> tree_logits() const {
+    return fwd_.logits_view().subrows(0, tree_.size());
+  }
+
+  //! Verify: the verifier walks the tree against its rows under the policy and writes the
+  //! accepted path and the bonus token into `result_`.
+  void verify(std::span<token_id const> committed, philox& rng) {
+    // The committed tokens were checked as they were committed (the prompt by check_prompt,
+    // the rest by the verifier that produced them).
+    verifier_.verify(tree_, tree_logits(), policy_, token_history::checked(committed), rng,
+                     result_);
+    SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
+                  "speculative_decoder: the verifier returned ", result_.tokens.size(),
+                  " tokens for ", result_.accepted_nodes.size(), " accepted nodes");
+  }
+
+  //! Commit: the target cache keeps the root and the accepted nodes (`truncate` when they are the
+  //! first nodes of a chain, `keep_path` otherwise), the proposer observes and accepts the
+  //! outcome, and the accepted tokens and the bonus are emitted one by one through the stop
+  //! checks. Returns the hidden rows of the root and the accepted nodes (for the next `propose`).
+  matrix_view<float const> commit(std::size_t base, step_stats& step) {
+    std::size_t const n = tree_.size();
+    std::size_t const m = result_.num_accepted();
+    bool prefix_of_chain = true;
+    for (std::size_t i = 0; i < m; ++i) {
+      node_index const a = result_.accepted_nodes[i];
+      SPECDEC_CHECK(a > 0 && static_cast<std::size_t>(a) < n &&
+                        tree_.depth(a) == static_cast<std::int32_t>(i + 1) &&
+                        tree_.parent(a) == (i == 0 ? 0 : result_.accepted_nodes[i - 1]),
+                    internal,
+                    "speculative_decoder: the verifier's accepted nodes are not a "
+                    "root-to-node path (entry ",
+                    i, " is node ", a, ")");
+      prefix_of_chain = prefix_of_chain && a == static_cast<node_index>(i + 1);
+    }
+    if (prefix_of_chain) {
+      target_->cache().truncate(base + m + 1);
+    } else {
+      keep_.clear();
+      keep_.push_back(0);
+      keep_.insert(keep_.end(), result_.accepted_nodes.begin(), result_.accepted_nodes.end());
+      target_->cache().keep_path(base, keep_);
+    }
+    matrix_view<float const> hidden;
+    if constexpr (needs_target_hidden_v<Proposer>) hidden = gather_hidden();
+    if constexpr (has_auxiliary_tokens_v<Proposer>)
+      proposer_->observe(tree_logits(), fwd_.logits_view().subrows(n, aux_.num_aux_logits()),
+                         result_);
+    proposer_->accept(result_);
+    step.accepted = m;
+    std::size_t const emitted_before = sink_.emitted();
+    for (token_id tok : result_.tokens)
+      if (sink_.emit(tok)) break;
+    step.emitted = sink_.emitted() - emitted_before;
+    return hidden;
   }
 
   //! Copies the hidden rows of the root and the accepted nodes, in order, into `hidden_`.

@@ -2,7 +2,8 @@
 //! \file
 //! GGUF (versions 2 and 3, little-endian): a bounds-checked reader of the header, the metadata
 //! key/values of every value type, the tensor infos and the data section (`gguf_file`), and
-//! `load_gguf`, which builds `llama_weights` from a GGUF of architecture "llama".
+//! `load_gguf`, which builds `llama_weights` from a GGUF of architecture "llama". One topic (one
+//! file format, every check of it in one place) needs more than 600 lines here.
 //!
 //! File layout: "GGUF", uint32 version, uint64 tensor count, uint64 metadata count; metadata
 //! entries (string key, uint32 value type, value); tensor infos (string name, uint32 n_dims,

@@ -3,7 +3,8 @@
 //! `rest_datastore`: the retrieval datastore of REST (He et al. 2023): a token corpus and its
 //! suffix array, built in O(n) by SA-IS, saved to a versioned, checksummed file and memory-mapped
 //! when loaded; and the query REST needs, the longest suffix of a context that occurs in the
-//! corpus, by binary search over the suffix array.
+//! corpus, by binary search over the suffix array. One topic (the datastore: its construction,
+//! file format and query) needs more than 600 lines here.
 //!
 //! Corpus. Documents of token ids (any id in [0, vocab), 32 bits) are concatenated, each followed
 //! by `rest_datastore::separator` (0xFFFFFFFF, which is no token id), so that no match or

@@ -2,6 +2,8 @@
 //! \file
 //! Sort-free threshold selection for top-k (by count, on logits) and top-p (by mass, on
 //! unnormalised probabilities). Internals of `sampler` (namespace `specdec::detail`), not API.
+//! One topic (the two threshold searches share their bracket and passes) needs just over 600
+//! lines here.
 //!
 //! Both find a cut value t and how many entries equal to t to keep (the lowest ids), such that
 //! the kept set is {x > t} plus those ties. The search keeps a bracket [lo, hi) that contains t:

@@ -1,7 +1,8 @@
 #pragma once
 //! \file
 //! `cpu_llama`: the Llama forward pass on the CPU, with tree attention over a contiguous KV cache.
-//! Satisfies `causal_lm`.
+//! Satisfies `causal_lm`. One topic (the model's forward, its caches and its weight layout)
+//! needs more than 600 lines here; the kernels it calls live in their own headers.
 //!
 //! Its kernels, one header per topic in backend/cpu/: `gemm_nt` (gemm.hpp, large models),
 //! `packed_gemm` (packed_gemm.hpp, small models), attention over a virtual sequence of cache rows
