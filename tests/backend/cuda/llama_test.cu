@@ -12,8 +12,8 @@
 #include <span>
 #include <vector>
 
-#include "cuda/cpu_reference.hpp"
-#include "cuda/test_util.cuh"
+#include "backend/cuda/cpu_reference.hpp"
+#include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
@@ -168,12 +168,10 @@ TEST_CASE("cuda_llama: a tree forward equals the CPU backend and path-by-path fo
     REQUIRE(got.logits_count == t.tree.size());
 
     // Against the CPU backend (same request after the same prefix).
-    if (cuda_test::have_cpu_backend()) {
-      sd::forward_result const cpu = cuda_test::cpu_forward(w, prefix, req);
-      float const d = max_rel_diff(got.logits, cpu.logits);
-      MESSAGE("tree forward vs CPU backend (vocab " << vocab << "): max relative difference " << d);
-      CHECK(d <= logits_tol);
-    }
+    sd::forward_result const cpu = cuda_test::cpu_forward(w, prefix, req);
+    float const d = max_rel_diff(got.logits, cpu.logits);
+    MESSAGE("tree forward vs CPU backend (vocab " << vocab << "): max relative difference " << d);
+    CHECK(d <= logits_tol);
 
     // Against each root-to-node path run on its own (causal) after the prefix.
     for (std::size_t i = 0; i < t.tree.size(); ++i) {
@@ -239,9 +237,6 @@ TEST_CASE("cuda_llama: keep_path and truncate then forward equal recomputing fro
 
 TEST_CASE("cuda_llama: hidden states, logits rows and skipped layers match the CPU backend") {
   cuda_test::require_device();
-  if (!cuda_test::have_cpu_backend()) {
-    FAIL("the CPU backend is not compiled in (Eigen missing): no reference for this test");
-  }
   auto const dir = cuda_test::env_dir("SPECDEC_MODEL_DIR");
   auto const w = cuda_test::load_weights(dir / "stories260K.bin");
   std::vector<token_id> const prefix{1, 403, 407};
