@@ -39,7 +39,6 @@
 #include "backend/cuda/cpu_reference.hpp"
 #include "backend/cuda/host_verifiers.hpp"
 #include "backend/cuda/test_util.cuh"
-#include "decode/fixture.hpp"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/forward.hpp"
@@ -55,6 +54,8 @@
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/rest_datastore.hpp"
 #include "specdec/sampling/policy.hpp"
+#include "support/files.hpp"
+#include "support/fixture.hpp"
 
 namespace {
 
@@ -265,8 +266,7 @@ void sampled_run(std::string const& name, sd::cuda_llama& target, Proposer& prop
 
 TEST_CASE("cuda_llama decoding: greedy output with every proposer equals the CPU backend's") {
   cuda_test::require_device();
-  auto const weights =
-      cuda_test::load_weights(fixture::require_file("SPECDEC_MODEL_DIR", "stories260K.bin"));
+  auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
   auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
   auto const manifest = fixture::reference_ids();  // 256 ids after BOS, prompt included
   REQUIRE(fixture::tok512().encode("Once upon a time", true) == fixture::once_upon_a_time());
@@ -359,8 +359,7 @@ TEST_CASE("cuda_llama decoding: greedy output with every proposer equals the CPU
 // is left out: its guesses track greedy decoding and it is paired with the greedy verifier only.
 TEST_CASE("cuda_llama decoding: sampled requests with every sampling-capable proposer") {
   cuda_test::require_device();
-  auto const weights =
-      cuda_test::load_weights(fixture::require_file("SPECDEC_MODEL_DIR", "stories260K.bin"));
+  auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
   auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
   auto const encoded = fixture::encoded_prompts();
   std::vector<token_id> const& prompt = encoded[story_prompts[0]];
