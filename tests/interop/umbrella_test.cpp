@@ -1,5 +1,5 @@
-// The umbrella header specdec/specdec.hpp includes every public header except backend/ (Eigen,
-// CUDA) and interop/ (xtensor), so a header added later cannot be forgotten in it.
+// The umbrella header specdec/specdec.hpp includes every public header except backend/ (the CPU
+// and CUDA backends) and interop/ (xtensor), so a header added later cannot be forgotten in it.
 #include "specdec/specdec.hpp"
 
 #include <doctest/doctest.h>
