@@ -10,6 +10,8 @@
 //            stream_GBps, decode_GBps (weight bytes / decode time), tok_per_s
 //   verify:  x_decode = batch time / 1-token time, measured alternately in the same loop
 //   prefill: tok_per_s
+//   matmul_vs_eigen (built only when CMake found Eigen, the one use of Eigen in the project):
+//            eigen_over_tiled = Eigen's product time / the tiled kernel's, eigen_ms
 // Environment: SPECDEC_MODEL_DIR (stories260K.bin), SPECDEC_BENCH_THREADS (default 2),
 // SPECDEC_BENCH_CONTEXT (tokens in the cache, default 256).
 
@@ -26,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "specdec/backend/cpu/eigen_gemm.hpp"
 #include "specdec/backend/cpu/gemm.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/backend/cpu/packed_gemm.hpp"
@@ -34,6 +35,10 @@
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
+
+#if defined(SPECDEC_BENCH_EIGEN)
+#include "eigen_gemm.hpp"
+#endif
 
 namespace sd = specdec;
 
@@ -323,6 +328,7 @@ void bm_prefill(benchmark::State& state, std::string const& name) {
       benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+#if defined(SPECDEC_BENCH_EIGEN)
 // The layer matrix products of one forward (q, k, v, o, gate, up, down of every layer) over n
 // tokens, rows split across the pool like the forward does, with the tiled kernel or with Eigen.
 // Manual time = tiled; eigen_over_tiled = Eigen time / tiled time, measured alternately.
@@ -357,8 +363,8 @@ void bm_matmul_vs_eigen(benchmark::State& state, std::string const& name) {
     for (auto const& p : products)
       pool.parallel_for(p.rows, sd::detail::cpu::tile_rows, [&](std::size_t r0, std::size_t r1) {
         if (eigen)
-          sd::detail::cpu::eigen_gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(),
-                                         p.rows, false);
+          bench::eigen_gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(), p.rows,
+                               false);
         else
           sd::detail::cpu::gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(),
                                    p.rows, false);
@@ -375,6 +381,7 @@ void bm_matmul_vs_eigen(benchmark::State& state, std::string const& name) {
   state.counters["eigen_over_tiled"] = eigen_s / tiled_s;
   state.counters["eigen_ms"] = eigen_s / double(state.iterations()) * 1e3;
 }
+#endif
 
 int register_all() {
   std::vector<std::string> const names{"stories260K", "stories110M", "tinyllama1.1B"};
@@ -391,12 +398,14 @@ int register_all() {
       b->Unit(benchmark::kMillisecond)->UseManualTime();
       for (int n : {1, 2, 3, 5, 9, 17}) b->Arg(n);
     }
+#if defined(SPECDEC_BENCH_EIGEN)
     if (name == "stories110M") {
       auto* b = benchmark::RegisterBenchmark(("matmul_vs_eigen/" + name).c_str(),
                                              bm_matmul_vs_eigen, name);
       b->Unit(benchmark::kMillisecond)->UseManualTime();
       for (int n : {1, 5, 17}) b->Arg(n);
     }
+#endif
     if (name != "tinyllama1.1B")
       benchmark::RegisterBenchmark(("prefill/" + name).c_str(), bm_prefill, name)
           ->Unit(benchmark::kMillisecond)

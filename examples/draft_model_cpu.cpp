@@ -14,7 +14,7 @@
 // if the target sampled it alone with that policy. The program prints the text, the statistics,
 // and the same request decoded autoregressively for comparison.
 
-#include <specdec/backend/cpu/llama.hpp>  // cpu_llama: the CPU forward pass (needs Eigen)
+#include <specdec/backend/cpu/llama.hpp>  // cpu_llama: the CPU forward pass
 #include <specdec/specdec.hpp>            // everything else: policies, proposers, verifiers, ...
 
 #include <cstdio>

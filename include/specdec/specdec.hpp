@@ -3,12 +3,13 @@
 //! The umbrella header: everything in specdec except backend/ and interop/.
 //!
 //! It needs only the standard library (and POSIX for the memory-mapped model and datastore
-//! files): the model backends, which need Eigen or CUDA, and the adapters for outside containers,
-//! which need xtensor, are included on their own:
+//! files): the model backends (the CPU one is kept out only to keep the umbrella light; the CUDA
+//! one needs a CUDA compiler) and the adapters for outside containers, which need xtensor, are
+//! included on their own:
 //!
 //! ```cpp
 //! #include <specdec/specdec.hpp>              // concepts, sampling, verify, propose, decode, ...
-//! #include <specdec/backend/cpu/llama.hpp>    // cpu_llama (Eigen)
+//! #include <specdec/backend/cpu/llama.hpp>    // cpu_llama (standard library only)
 //! #include <specdec/interop/xtensor.hpp>      // xtensor <-> matrix_view (xtensor)
 //! #include <specdec/interop/raw.hpp>          // C arrays -> forward_request, draft_tree, ...
 //! ```

@@ -6,7 +6,6 @@
 
 #include <vector>
 
-#include "decode/toy_model.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/propose/draft_model.hpp"
@@ -17,6 +16,7 @@
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "support/allocation_counter.hpp"
+#include "support/toy_model.hpp"
 
 namespace sd = specdec;
 

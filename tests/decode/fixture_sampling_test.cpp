@@ -13,7 +13,6 @@
 #include <memory>
 #include <vector>
 
-#include "decode/fixture.hpp"
 #include "decode/sampling_check.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
@@ -24,6 +23,7 @@
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
+#include "support/fixture.hpp"
 
 namespace sd = specdec;
 

@@ -4,14 +4,14 @@
 
 #include <vector>
 
-#include "decode/fixture.hpp"
-#include "decode/toy_model.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
+#include "support/fixture.hpp"
+#include "support/toy_model.hpp"
 
 namespace sd = specdec;
 
@@ -66,8 +66,7 @@ TEST_CASE("fixture: greedy Jacobi == greedy autoregressive on every TinyStories 
     t8.drafted += r8.stats.drafted;
   }
   MESSAGE("jacobi k=8: " << t8.mean_accepted_length() << " tokens per step");
-  auto const ref = fixture::reference_ids();
-  std::vector<sd::token_id> const expected(ref.begin() + 4, ref.end());
+  std::vector<sd::token_id> const expected = fixture::reference_continuation();
   config.max_new_tokens = expected.size();
   sd::speculative_decoder dec(target, p8, sd::greedy_verifier{}, sd::greedy{}, config);
   CHECK(dec.generate(fixture::once_upon_a_time()).tokens == expected);

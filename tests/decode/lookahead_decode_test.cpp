@@ -8,9 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/fixture.hpp"
 #include "decode/sampling_check.hpp"
-#include "decode/toy_model.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
@@ -18,6 +16,8 @@
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
+#include "support/fixture.hpp"
+#include "support/toy_model.hpp"
 
 namespace sd = specdec;
 
@@ -108,8 +108,7 @@ TEST_CASE("fixture: greedy lookahead == greedy autoregressive on every TinyStori
   CHECK(totals[0].mean_accepted_length() > 1.3);
 
   // The manifest's reference ids.
-  auto const ref = fixture::reference_ids();
-  std::vector<sd::token_id> const expected(ref.begin() + 4, ref.end());
+  std::vector<sd::token_id> const expected = fixture::reference_continuation();
   config.max_new_tokens = expected.size();
   sd::lookahead_proposer p;
   sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);

@@ -5,14 +5,12 @@
 // the datastore file round trip under decoding, and under sampling the chi-square test of the
 // first two tokens against the exact distribution.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "decode/fixture.hpp"
 #include "decode/sampling_check.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
@@ -21,6 +19,8 @@
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
+#include "support/files.hpp"
+#include "support/fixture.hpp"
 
 namespace sd = specdec;
 
@@ -64,8 +64,8 @@ TEST_CASE("fixture: greedy REST == greedy autoregressive on every TinyStories pr
   auto const from_stories = stories_datastore();
   auto const from_model = generated_datastore(24, 256);
   // The generated datastore through a file (memory-mapped), as the tool would provide it.
-  auto const path = std::filesystem::temp_directory_path() /
-                    ("specdec_rest_decode_" + std::to_string(::getpid()) + ".sdrest");
+  test_support::temp_dir const dir;
+  auto const path = dir.file("generated.sdrest");
   from_model->save(path);
   auto const mapped = std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(path));
   std::filesystem::remove(path);
@@ -106,8 +106,7 @@ TEST_CASE("fixture: greedy REST == greedy autoregressive on every TinyStories pr
     CHECK(totals[k].accepted > 0);
   }
   // The manifest's reference ids, with the tree verifier.
-  auto const ref = fixture::reference_ids();
-  std::vector<sd::token_id> const expected(ref.begin() + 4, ref.end());
+  std::vector<sd::token_id> const expected = fixture::reference_continuation();
   config.max_new_tokens = expected.size();
   sd::rest_proposer p(from_model);
   sd::speculative_decoder dec(target, p, sd::tree_verifier{}, sd::greedy{}, config);

@@ -2,7 +2,6 @@
 // the traits each proposer declares.
 #include <doctest/doctest.h>
 
-#include "decode/toy_model.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/traits.hpp"
 #include "specdec/decode/autoregressive.hpp"
@@ -15,6 +14,7 @@
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "specdec/verify/typical_acceptance.hpp"
+#include "support/toy_model.hpp"
 
 namespace sd = specdec;
 

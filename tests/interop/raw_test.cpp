@@ -16,24 +16,12 @@
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
+#include "support/errors.hpp"
 
 namespace sd = specdec;
 namespace si = specdec::interop;
 
-namespace {
-
-template <class F>
-sd::errc code_of(F&& f) {
-  try {
-    f();
-  } catch (sd::error const& e) {
-    return e.code();
-  }
-  FAIL("no specdec::error thrown");
-  return sd::errc::internal;
-}
-
-}  // namespace
+using test_support::code_of;
 
 TEST_CASE("raw_span and raw_matrix view caller memory and reject null or overflowing shapes") {
   float buf[12] = {};

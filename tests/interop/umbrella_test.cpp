@@ -1,6 +1,6 @@
-// The umbrella header specdec/specdec.hpp includes every public header except backend/ (CUDA),
-// interop/ (xtensor) and internals (any detail/ directory, reached through the headers that use
-// them), so a header added later cannot be forgotten in it.
+// The umbrella header specdec/specdec.hpp includes every public header except backend/ (the CPU
+// and CUDA backends), interop/ (xtensor) and internals (any detail/ directory, reached through the
+// headers that use them), so a header added later cannot be forgotten in it.
 #include "specdec/specdec.hpp"
 
 #include <doctest/doctest.h>

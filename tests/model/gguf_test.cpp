@@ -14,9 +14,12 @@
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "support/errors.hpp"
+#include "support/files.hpp"
+#include "support/llama_shapes.hpp"
 
 using namespace specdec;
-using specdec::test::expect_error;
+using test_support::expect_error;
 
 namespace {
 
@@ -50,20 +53,7 @@ struct builder {
   }
 };
 
-llama_config small_config(bool shared) {
-  llama_config c;
-  c.dim = 32;
-  c.hidden_dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 64;
-  c.seq_len = 16;
-  c.rope_theta = 500000.0f;
-  c.rms_eps = 1e-6f;
-  c.shared_classifier = shared;
-  return c;
-}
+using test_support::shapes::file_small;
 
 tokenizer small_vocab(std::int32_t n) {
   std::vector<std::string> pieces;
@@ -169,7 +159,7 @@ TEST_CASE("gguf: half and bfloat16 conversions") {
 }
 
 TEST_CASE("gguf: the stories260K fixture parses and loads") {
-  gguf_file const f(test::model_file("stories260K.gguf"));
+  gguf_file const f(test_support::model_file("stories260K.gguf"));
   CHECK(f.version() == 3);
   CHECK(f.alignment() == 32);
   CHECK(f.metadata().size() == 19);
@@ -206,7 +196,7 @@ TEST_CASE("gguf: the stories260K fixture parses and loads") {
   CHECK(q->bytes == 64 * 32 * 4);
   CHECK(f.find_tensor("blk.9.attn_k.weight") == nullptr);
 
-  auto const w = load_gguf(test::model_file("stories260K.gguf"));
+  auto const w = load_gguf(test_support::model_file("stories260K.gguf"));
   CHECK(w.config.dim == 64);
   CHECK(w.config.hidden_dim == 172);
   CHECK(w.config.n_layers == 5);
@@ -220,8 +210,8 @@ TEST_CASE("gguf: the stories260K fixture parses and loads") {
 }
 
 TEST_CASE("gguf: stories260K.gguf holds exactly the weights of stories260K.bin") {
-  auto const bin = load_model(test::model_file("stories260K.bin"));
-  auto const gguf = load_model(test::model_file("stories260K.gguf"));
+  auto const bin = load_model(test_support::model_file("stories260K.bin"));
+  auto const gguf = load_model(test_support::model_file("stories260K.gguf"));
   auto const a = tensors_of(bin), b = tensors_of(gguf);
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -232,9 +222,9 @@ TEST_CASE("gguf: stories260K.gguf holds exactly the weights of stories260K.bin")
 }
 
 TEST_CASE("gguf: write/read round trips in F32, F16 and BF16") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   for (bool shared : {true, false}) {
-    auto const original = make_random_llama(small_config(shared), 5);
+    auto const original = make_random_llama(file_small(shared), 5);
     auto const vocab = small_vocab(64);
     for (gguf_type type : {gguf_type::f32, gguf_type::f16, gguf_type::bf16}) {
       CAPTURE(shared);
@@ -278,7 +268,7 @@ TEST_CASE("gguf: write/read round trips in F32, F16 and BF16") {
     }
   }
   // Without a vocabulary, and in an unsupported type.
-  auto const original = make_random_llama(small_config(true), 5);
+  auto const original = make_random_llama(file_small(true), 5);
   write_gguf(dir.file("novocab.gguf"), original, nullptr);
   CHECK_FALSE(gguf_file(dir.file("novocab.gguf")).contains("tokenizer.ggml.tokens"));
   expect_error([&] { (void)load_tokenizer(dir.file("novocab.gguf")); }, errc::bad_file);
@@ -287,9 +277,9 @@ TEST_CASE("gguf: write/read round trips in F32, F16 and BF16") {
 }
 
 TEST_CASE("gguf: every truncation of a small file is a bad_file error") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   auto const vocab = small_vocab(64);
-  write_gguf(dir.file("full.gguf"), make_random_llama(small_config(false), 9), &vocab,
+  write_gguf(dir.file("full.gguf"), make_random_llama(file_small(false), 9), &vocab,
              gguf_type::f16);
   auto const bytes = test::read_bytes(dir.file("full.gguf"));
   std::size_t const header_end =
@@ -306,7 +296,7 @@ TEST_CASE("gguf: every truncation of a small file is a bad_file error") {
 }
 
 TEST_CASE("gguf: malformed headers") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   auto const path = dir.file("bad.gguf");
   auto const parse = [&](builder const& b) {
     test::write_bytes(path, b.b);
@@ -452,10 +442,10 @@ TEST_CASE("gguf: malformed headers") {
 }
 
 TEST_CASE("gguf: load_gguf rejects what it cannot run") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   auto const vocab = small_vocab(64);
   auto const good = dir.file("good.gguf");
-  write_gguf(good, make_random_llama(small_config(false), 2), &vocab, gguf_type::f32);
+  write_gguf(good, make_random_llama(file_small(false), 2), &vocab, gguf_type::f32);
   auto const bytes = test::read_bytes(good);
   gguf_file const f(good);
   auto const bad = dir.file("bad.gguf");
@@ -516,10 +506,10 @@ TEST_CASE("gguf: load_gguf rejects what it cannot run") {
 }
 
 TEST_CASE("gguf: random header mutations never crash") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   auto const vocab = small_vocab(64);
   auto const good = dir.file("good.gguf");
-  write_gguf(good, make_random_llama(small_config(false), 2), &vocab, gguf_type::bf16);
+  write_gguf(good, make_random_llama(file_small(false), 2), &vocab, gguf_type::bf16);
   auto const bytes = test::read_bytes(good);
   auto const header = static_cast<std::size_t>(gguf_file(good).data_offset());
   auto const bad = dir.file("bad.gguf");

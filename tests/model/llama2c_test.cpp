@@ -10,24 +10,16 @@
 #include "model/test_util.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
+#include "support/errors.hpp"
+#include "support/files.hpp"
+#include "support/llama_shapes.hpp"
 
 using namespace specdec;
-using specdec::test::expect_error;
+using test_support::expect_error;
 
 namespace {
 
-llama_config tiny_config(bool shared) {
-  llama_config c;
-  c.dim = 8;
-  c.hidden_dim = 12;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.vocab_size = 16;
-  c.seq_len = 8;
-  c.shared_classifier = shared;
-  return c;
-}
+using test_support::shapes::file_tiny;
 
 void check_same_config(llama_config const& a, llama_config const& b) {
   CHECK(a.dim == b.dim);
@@ -76,7 +68,7 @@ void check_same_weights(llama_weights const& a, llama_weights const& b, float to
 }  // namespace
 
 TEST_CASE("llama2c: the stories260K fixture loads with the MANIFEST's configuration") {
-  auto const path = test::model_file("stories260K.bin");
+  auto const path = test_support::model_file("stories260K.bin");
   auto const w = load_llama2c(path);
   CHECK(w.config.dim == 64);
   CHECK(w.config.hidden_dim == 172);
@@ -113,10 +105,10 @@ TEST_CASE("llama2c: the stories260K fixture loads with the MANIFEST's configurat
 }
 
 TEST_CASE("llama2c: write/read round trips in every format, shared and unshared classifier") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   for (bool shared : {true, false}) {
     CAPTURE(shared);
-    auto const original = make_random_llama(tiny_config(shared), 42);
+    auto const original = make_random_llama(file_tiny(shared), 42);
     for (auto format : {llama2c_format::legacy, llama2c_format::v1, llama2c_format::v2_q8_0}) {
       CAPTURE(static_cast<int>(format));
       auto const path = dir.file("m.bin");
@@ -133,9 +125,9 @@ TEST_CASE("llama2c: write/read round trips in every format, shared and unshared 
 }
 
 TEST_CASE("llama2c: the fixture written back is byte-identical") {
-  auto const path = test::model_file("stories260K.bin");
+  auto const path = test_support::model_file("stories260K.bin");
   auto const w = load_llama2c(path);
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   write_llama2c(dir.file("copy.bin"), w);
   auto const a = test::read_bytes(path), b = test::read_bytes(dir.file("copy.bin"));
   REQUIRE(a.size() == b.size());
@@ -150,11 +142,11 @@ TEST_CASE("llama2c: the fixture written back is byte-identical") {
 }
 
 TEST_CASE("llama2c: every truncation of a small file is a bad_file error") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   for (auto format : {llama2c_format::legacy, llama2c_format::v1, llama2c_format::v2_q8_0}) {
     CAPTURE(static_cast<int>(format));
     auto const full = dir.file("full.bin");
-    write_llama2c(full, make_random_llama(tiny_config(false), 7), format);
+    write_llama2c(full, make_random_llama(file_tiny(false), 7), format);
     auto const bytes = test::read_bytes(full);
     auto const cut = dir.file("cut.bin");
     for (std::size_t n = 0; n < bytes.size(); n += (n < 300 ? 1 : 37)) {
@@ -173,9 +165,9 @@ TEST_CASE("llama2c: every truncation of a small file is a bad_file error") {
 }
 
 TEST_CASE("llama2c: bad headers") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   auto const full = dir.file("full.bin");
-  write_llama2c(full, make_random_llama(tiny_config(true), 1));
+  write_llama2c(full, make_random_llama(file_tiny(true), 1));
   auto const good = test::read_bytes(full);
   auto const bad = dir.file("bad.bin");
   auto const with_int = [&](std::size_t index, std::int32_t value) {
@@ -213,7 +205,7 @@ TEST_CASE("llama2c: bad headers") {
     CHECK(m.find("version 3") != std::string::npos);
   }
   SUBCASE("versioned header with a bad flag") {
-    write_llama2c(full, make_random_llama(tiny_config(true), 1), llama2c_format::v1);
+    write_llama2c(full, make_random_llama(file_tiny(true), 1), llama2c_format::v1);
     auto b = test::read_bytes(full);
     test::poke(b, 36, std::uint8_t{7});
     test::write_bytes(bad, b);
@@ -229,12 +221,12 @@ TEST_CASE("llama2c: bad headers") {
 }
 
 TEST_CASE("llama2c: random header mutations never crash") {
-  test::temp_dir dir;
+  test_support::temp_dir dir;
   auto const full = dir.file("full.bin");
   auto const bad = dir.file("bad.bin");
   std::mt19937 rng(1234);
   for (auto format : {llama2c_format::legacy, llama2c_format::v1, llama2c_format::v2_q8_0}) {
-    write_llama2c(full, make_random_llama(tiny_config(false), 3), format);
+    write_llama2c(full, make_random_llama(file_tiny(false), 3), format);
     auto const good = test::read_bytes(full);
     std::size_t const header = format == llama2c_format::legacy ? 28 : 48;
     for (int trial = 0; trial < 300; ++trial) {

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "model/test_util.hpp"
+#include "support/errors.hpp"
+#include "support/llama_shapes.hpp"
 
 using namespace specdec;
 
@@ -43,14 +45,7 @@ TEST_CASE("random: fill_normal is N(0, stddev^2) and position-addressed") {
 }
 
 TEST_CASE("random: make_random_llama is deterministic, norms are 1, classifier as configured") {
-  llama_config c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 50;
-  c.seq_len = 8;
+  llama_config c = test_support::shapes::random_init();
   auto const a = make_random_llama(c, 7), b = make_random_llama(c, 7), d = make_random_llama(c, 8);
   CHECK(a.classifier == a.token_embedding);
   CHECK(std::memcmp(a.layers[2].w2, b.layers[2].w2, 32 * 48 * sizeof(float)) == 0);
@@ -72,5 +67,5 @@ TEST_CASE("random: make_random_llama is deterministic, norms are 1, classifier a
   CHECK(e.classifier != e.token_embedding);
   CHECK(std::memcmp(e.classifier, e.token_embedding, 50 * 32 * sizeof(float)) != 0);
   c.n_heads = 5;
-  test::expect_error([&] { (void)make_random_llama(c, 1); }, errc::bad_file);
+  test_support::expect_error([&] { (void)make_random_llama(c, 1); }, errc::bad_file);
 }

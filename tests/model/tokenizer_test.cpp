@@ -14,14 +14,17 @@
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
+#include "support/errors.hpp"
+#include "support/files.hpp"
+#include "support/llama_shapes.hpp"
 
 using namespace specdec;
-using specdec::test::expect_error;
+using test_support::expect_error;
 
 namespace {
 
 tokenizer const& tok512() {
-  static tokenizer const t = tokenizer::load_llama2c(test::model_file("tok512.bin"), 512);
+  static tokenizer const t = tokenizer::load_llama2c(test_support::model_file("tok512.bin"), 512);
   return t;
 }
 
@@ -150,7 +153,7 @@ std::vector<std::string> corpus() {
   std::vector<std::string> texts;
   for (char const* name :
        {"tinystories_prompts.jsonl", "HumanEval.jsonl", "spec_bench_question.jsonl"}) {
-    auto const s = json_strings(test::data_file(name));
+    auto const s = json_strings(test_support::data_file(name));
     texts.insert(texts.end(), s.begin(), s.end());
   }
   REQUIRE(texts.size() > 1000);
@@ -184,11 +187,11 @@ TEST_CASE("tokenizer: tok512 loads and encodes the MANIFEST reference") {
 }
 
 TEST_CASE("tokenizer: the reference greedy ids decode to the reference text") {
-  std::ifstream ids_in(test::model_file("reference_greedy_once_upon_a_time.ids"));
+  std::ifstream ids_in(test_support::model_file("reference_greedy_once_upon_a_time.ids"));
   std::vector<token_id> ids{1};
   for (token_id id; ids_in >> id;) ids.push_back(id);
   REQUIRE(ids.size() == 257);
-  std::ifstream txt_in(test::model_file("reference_greedy_once_upon_a_time.txt"));
+  std::ifstream txt_in(test_support::model_file("reference_greedy_once_upon_a_time.txt"));
   std::stringstream ss;
   ss << txt_in.rdbuf();
   std::string expected = ss.str();
@@ -294,7 +297,7 @@ TEST_CASE("tokenizer: long texts encode in O(n log n)") {
 }
 
 TEST_CASE("tokenizer: the GGUF vocabulary of stories260K agrees with tok512.bin") {
-  gguf_file const f(test::model_file("stories260K.gguf"));
+  gguf_file const f(test_support::model_file("stories260K.gguf"));
   auto const g = tokenizer::from_gguf(f);
   auto const& t = tok512();
   REQUIRE(g.vocab_size() == t.vocab_size());
@@ -323,12 +326,12 @@ TEST_CASE("tokenizer: the GGUF vocabulary of stories260K agrees with tok512.bin"
   CHECK(g.encode("Once upon a time", true) == std::vector<token_id>{1, 403, 407, 261, 378});
 
   // load_tokenizer picks the embedded vocabulary for the GGUF model, tok512 for the .bin.
-  auto const from_model = load_tokenizer(test::model_file("stories260K.gguf"));
+  auto const from_model = load_tokenizer(test_support::model_file("stories260K.gguf"));
   CHECK(from_model.piece(1) == "<s>");
-  auto const from_bin =
-      load_tokenizer(test::model_file("stories260K.bin"), test::model_file("tok512.bin"));
+  auto const from_bin = load_tokenizer(test_support::model_file("stories260K.bin"),
+                                       test_support::model_file("tok512.bin"));
   CHECK(from_bin.piece(1) == "\n<s>\n");
-  expect_error([&] { (void)load_tokenizer(test::model_file("stories260K.bin")); },
+  expect_error([&] { (void)load_tokenizer(test_support::model_file("stories260K.bin")); },
                errc::invalid_argument);
 }
 
@@ -349,8 +352,8 @@ TEST_CASE("tokenizer: errors") {
                errc::invalid_argument);
 
   // Every truncation of tok512.bin, read with the model's vocab_size, is a bad_file error.
-  test::temp_dir dir;
-  auto const bytes = test::read_bytes(test::model_file("tok512.bin"));
+  test_support::temp_dir dir;
+  auto const bytes = test::read_bytes(test_support::model_file("tok512.bin"));
   auto const cut = dir.file("cut.bin");
   for (std::size_t n = 0; n < bytes.size(); n += 1 + n / 100) {
     CAPTURE(n);
@@ -366,11 +369,11 @@ TEST_CASE("tokenizer: errors") {
   test::write_bytes(cut, b);
   expect_error([&] { (void)tokenizer::load_llama2c(cut, 512); }, errc::bad_file);
   // Reading every token to the end of the file gives the same vocabulary.
-  CHECK(tokenizer::load_llama2c(test::model_file("tok512.bin")).vocab_size() == 512);
+  CHECK(tokenizer::load_llama2c(test_support::model_file("tok512.bin")).vocab_size() == 512);
   // A model and a vocabulary of different sizes.
-  auto const w =
-      make_random_llama(llama_config{64, 172, 1, 8, 4, 300, 32, 10000.0f, 1e-5f, true}, 1);
+  auto const w = make_random_llama(test_support::shapes::vocab_300(), 1);
   write_gguf(dir.file("m300.gguf"), w, nullptr);
-  expect_error([&] { (void)load_tokenizer(dir.file("m300.gguf"), test::model_file("tok512.bin")); },
-               errc::bad_file);
+  expect_error(
+      [&] { (void)load_tokenizer(dir.file("m300.gguf"), test_support::model_file("tok512.bin")); },
+      errc::bad_file);
 }

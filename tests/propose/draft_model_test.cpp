@@ -9,8 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "decode/fixture.hpp"
-#include "decode/toy_model.hpp"
+#include "propose/context.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/philox.hpp"
@@ -18,20 +17,14 @@
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/sampling/softmax.hpp"
+#include "support/fixture.hpp"
+#include "support/toy_model.hpp"
 
 namespace sd = specdec;
 
 namespace {
 
-// A propose_context over `tokens`.
-sd::propose_context make_ctx(std::span<sd::token_id const> tokens, std::size_t max_nodes,
-                             sd::philox* rng = nullptr) {
-  sd::propose_context c;
-  c.tokens = tokens;
-  c.max_nodes = max_nodes;
-  c.rng = rng;
-  return c;
-}
+using propose_test::make_ctx;
 
 using toy_greedy = sd::draft_model_proposer<toy::toy_lm, sd::greedy>;
 using toy_sampled = sd::draft_model_proposer<toy::toy_lm, sd::sampler, sd::draft_mode::sample>;

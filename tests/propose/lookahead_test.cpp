@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "propose/context.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/concepts.hpp"
@@ -21,6 +22,7 @@
 #include "specdec/model/random.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
+#include "support/llama_shapes.hpp"
 
 namespace sd = specdec;
 
@@ -67,12 +69,7 @@ struct complete : members_without_trait {
 };
 static_assert(sd::auxiliary_proposer<complete>);
 
-sd::propose_context make_ctx(std::span<sd::token_id const> tokens, std::size_t max_nodes) {
-  sd::propose_context c;
-  c.tokens = tokens;
-  c.max_nodes = max_nodes;
-  return c;
-}
+using propose_test::make_ctx;
 
 }  // namespace
 
@@ -384,15 +381,8 @@ TEST_CASE("jacobi_proposer: guesses are the target's predictions after the accep
 TEST_CASE("lookahead: the combined forward equals each branch alone (CPU backend, bit for bit)") {
   // Tolerance: zero. The CPU forward is batch-invariant (each row's arithmetic is independent of
   // the other rows of the batch), so a row's logits must not change when unrelated rows are added.
-  sd::llama_config c;
-  c.dim = 64;
-  c.hidden_dim = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 97;
-  c.seq_len = 128;
-  auto const weights = std::make_shared<sd::llama_weights const>(sd::make_random_llama(c, 5, 0.3f));
+  auto const weights = std::make_shared<sd::llama_weights const>(
+      sd::make_random_llama(test_support::shapes::prime_vocab(), 5, 0.3f));
   sd::cpu_llama model(weights, {.threads = 1});
   std::vector<sd::token_id> const prompt{1, 17, 33, 17, 45, 60, 17, 33, 2, 9};
   std::size_t const base = prompt.size() - 1;

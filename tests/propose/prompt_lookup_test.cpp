@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "propose/context.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/philox.hpp"
 #include "specdec/core/traits.hpp"
@@ -20,15 +21,7 @@ namespace sd = specdec;
 
 namespace {
 
-// A propose_context over `tokens`.
-sd::propose_context make_ctx(std::span<sd::token_id const> tokens, std::size_t max_nodes,
-                             sd::philox* rng = nullptr) {
-  sd::propose_context c;
-  c.tokens = tokens;
-  c.max_nodes = max_nodes;
-  c.rng = rng;
-  return c;
-}
+using propose_test::make_ctx;
 
 static_assert(sd::proposer<sd::prompt_lookup_proposer>);
 static_assert(sd::produces_trees_v<sd::prompt_lookup_proposer>);

@@ -4,10 +4,8 @@
 #include "specdec/propose/rest_datastore.hpp"
 
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +18,7 @@
 
 #include "specdec/core/error.hpp"
 #include "specdec/propose/rest.hpp"
+#include "support/files.hpp"
 
 namespace sd = specdec;
 
@@ -82,20 +81,11 @@ std::vector<std::uint32_t> positions(sd::rest_datastore const& ds, sd::rest_matc
   return out;
 }
 
-// A unique temporary file path.
-std::filesystem::path temp_path(std::string const& name) {
-  static std::atomic<int> counter{0};
-  return std::filesystem::temp_directory_path() / ("specdec_rest_" + std::to_string(::getpid()) +
-                                                   "_" + std::to_string(counter++) + "_" + name);
-}
-
+// A file in a fresh temporary directory (support/files.hpp), removed with it.
 struct temp_file {
+  test_support::temp_dir dir;
   std::filesystem::path path;
-  explicit temp_file(std::string const& name) : path(temp_path(name)) {}
-  ~temp_file() {
-    std::error_code ec;
-    std::filesystem::remove(path, ec);
-  }
+  explicit temp_file(char const* name) : path(dir.file(name)) {}
 };
 
 std::vector<char> read_all(std::filesystem::path const& p) {
@@ -352,7 +342,7 @@ TEST_CASE("rest_datastore: truncated, corrupt and wrong-version files are reject
     CHECK(load_error(bad.path, false) == sd::errc::bad_file);
   }
   SUBCASE("a missing file is an io error") {
-    CHECK(load_error(temp_path("missing.sdrest")) == sd::errc::io);
+    CHECK(load_error(temp_file("missing.sdrest").path) == sd::errc::io);
   }
 }
 

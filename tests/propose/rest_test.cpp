@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "propose/context.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/error.hpp"
 
@@ -26,12 +27,7 @@ static_assert(sd::produces_trees_v<sd::rest_proposer>);
 static_assert(!sd::samples_drafts_v<sd::rest_proposer>);
 static_assert(!sd::needs_target_hidden_v<sd::rest_proposer>);
 
-sd::propose_context make_ctx(std::span<sd::token_id const> tokens, std::size_t max_nodes) {
-  sd::propose_context c;
-  c.tokens = tokens;
-  c.max_nodes = max_nodes;
-  return c;
-}
+using propose_test::make_ctx;
 
 using path = std::vector<sd::token_id>;
 

@@ -18,10 +18,11 @@
 #include "specdec/detail/rows.hpp"
 #include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
+#include "support/errors.hpp"
 
 namespace sd = specdec;
-using sampling_test::check_error;
 using sampling_test::ninf;
+using test_support::check_error;
 
 namespace {
 

@@ -18,10 +18,11 @@
 #include "rows.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/reference/sampling.hpp"
+#include "support/errors.hpp"
 
 namespace sd = specdec;
-using sampling_test::check_error;
 using sampling_test::ninf;
+using test_support::check_error;
 
 static_assert(specdec::sampling_policy<specdec::sampler>);
 static_assert(specdec::sampling_policy<specdec::greedy>);

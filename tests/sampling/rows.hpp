@@ -266,21 +266,3 @@ inline comparison compare_with_reference(sd::sampling_params const& params,
 }
 
 }  // namespace sampling_test
-
-namespace sampling_test {
-
-// Runs f and checks that it throws specdec::error with `code` and a message containing
-// `fragment`.
-template <class F>
-void check_error(F&& f, specdec::errc code, std::string const& fragment) {
-  try {
-    f();
-    FAIL("expected specdec::error(", specdec::to_string(code), ") containing '", fragment, "'");
-  } catch (specdec::error const& e) {
-    INFO("message: ", e.what());
-    CHECK(e.code() == code);
-    CHECK(std::string(e.what()).find(fragment) != std::string::npos);
-  }
-}
-
-}  // namespace sampling_test

@@ -14,10 +14,11 @@
 #include "rows.hpp"
 #include "specdec/reference/sampling.hpp"
 #include "specdec/sampling/policy.hpp"
+#include "support/errors.hpp"
 
 namespace sd = specdec;
-using sampling_test::check_error;
 using sampling_test::ninf;
+using test_support::check_error;
 
 TEST_CASE("sample_from returns the first index whose cumulative mass exceeds u * total") {
   std::vector<float> const p = {0.25f, 0.0f, 0.25f, 0.5f};

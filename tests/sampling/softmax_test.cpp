@@ -13,10 +13,11 @@
 
 #include "rows.hpp"
 #include "specdec/reference/sampling.hpp"
+#include "support/errors.hpp"
 
 namespace sd = specdec;
-using sampling_test::check_error;
 using sampling_test::ninf;
+using test_support::check_error;
 
 namespace {
 

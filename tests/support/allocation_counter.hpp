@@ -5,7 +5,7 @@
 //
 // The replacement functions are definitions, not inline (the standard forbids inline replacement
 // allocation functions): include this header in exactly ONE translation unit of a test executable
-// (each directory under tests/ is one executable).
+// (each directory of tests is one executable: tests/CMakeLists.txt).
 //
 // Every non-aligned form is replaced, so that each allocation and its release pair up: operator new
 // takes its memory from std::malloc, operator delete gives it back with std::free. The aligned

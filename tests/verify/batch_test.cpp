@@ -15,6 +15,7 @@
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "specdec/verify/typical_acceptance.hpp"
+#include "support/errors.hpp"
 
 namespace {
 
@@ -91,16 +92,7 @@ void check_batch_equals_singles(Verifier& v, batch const& b,
   }
 }
 
-template <class F>
-specdec::errc code_of(F&& f) {
-  try {
-    f();
-  } catch (specdec::error const& e) {
-    return e.code();
-  }
-  FAIL("no specdec::error was thrown");
-  return specdec::errc::internal;
-}
+using test_support::code_of;
 
 }  // namespace
 

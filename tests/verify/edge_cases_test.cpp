@@ -18,6 +18,7 @@
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "specdec/verify/typical_acceptance.hpp"
+#include "support/errors.hpp"
 
 namespace {
 
@@ -74,16 +75,7 @@ draft_tree chain_with_q(token_id root, std::vector<token_id> const& drafts,
   return t;
 }
 
-template <class F>
-errc code_of(F&& f) {
-  try {
-    f();
-  } catch (specdec::error const& e) {
-    return e.code();
-  }
-  FAIL("no specdec::error was thrown");
-  return errc::internal;
-}
+using test_support::code_of;
 
 }  // namespace
 

@@ -9,12 +9,13 @@
 #include "backend/cpu/test_models.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "support/allocation_counter.hpp"
+#include "support/llama_shapes.hpp"
 
 namespace sd = specdec;
 namespace st = specdec::test;
 
 TEST_CASE("cpu_llama: no allocation in forward after warm-up") {
-  auto w = st::random_llama(st::tiny_config(), 61);
+  auto w = st::random_llama(test_support::shapes::odd_gqa(), 61);
   sd::cpu_llama m(w, {.threads = 2, .batch_capacity = 4});
   std::vector<sd::token_id> tokens(12, 3);
   std::vector<sd::position_t> positions(12);

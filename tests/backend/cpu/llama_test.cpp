@@ -14,6 +14,8 @@
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/model/load.hpp"
+#include "support/files.hpp"
+#include "support/llama_shapes.hpp"
 
 namespace sd = specdec;
 namespace st = specdec::test;
@@ -85,7 +87,7 @@ TEST_CASE("cpu_llama: matches the double-precision reference forward") {
     CAPTURE(limit);
     for (bool shared : {false, true}) {
       CAPTURE(shared);
-      auto w = st::random_llama(st::tiny_config(shared), 11);
+      auto w = st::random_llama(test_support::shapes::odd_gqa(shared), 11);
       auto const tokens = random_tokens(13, 75, 3);
       auto const ref = st::reference_logits(*w, tokens);
       for (std::size_t threads : {1u, 2u, 3u}) {
@@ -113,16 +115,7 @@ TEST_CASE("cpu_llama: matches the double-precision reference forward") {
 TEST_CASE("cpu_llama: odd shapes (head size 6, rows not a multiple of the vector width)") {
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
-    sd::llama_config c;
-    c.dim = 36;
-    c.hidden_dim = 50;
-    c.n_layers = 2;
-    c.n_heads = 6;
-    c.n_kv_heads = 2;
-    c.vocab_size = 41;
-    c.seq_len = 32;
-    c.shared_classifier = false;
-    auto w = st::random_llama(c, 71);
+    auto w = st::random_llama(test_support::shapes::head_size_6(), 71);
     auto const tokens = random_tokens(9, 41, 12);
     auto const ref = st::reference_logits(*w, tokens);
     sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
@@ -136,7 +129,7 @@ TEST_CASE("cpu_llama: odd shapes (head size 6, rows not a multiple of the vector
 TEST_CASE("cpu_llama: a prefill longer than one token block equals token-by-token decoding") {
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
-    auto w = st::random_llama(st::tiny_config(true), 81);
+    auto w = st::random_llama(test_support::shapes::odd_gqa(true), 81);
     auto const tokens = random_tokens(90, 75, 13);
     sd::cpu_llama m(w, {.threads = 2, .batch_capacity = 8, .pack_limit = limit});
     auto const batched = run(m, tokens, iota_positions(0, tokens.size()));
@@ -147,7 +140,7 @@ TEST_CASE("cpu_llama: a prefill longer than one token block equals token-by-toke
 TEST_CASE("cpu_llama: results do not depend on the number of threads") {
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
-    auto w = st::random_llama(st::tiny_config(), 5);
+    auto w = st::random_llama(test_support::shapes::odd_gqa(), 5);
     auto const tokens = random_tokens(40, 75, 9);
     sd::cpu_llama one(w, {.threads = 1, .pack_limit = limit});
     sd::cpu_llama three(w, {.threads = 3, .pack_limit = limit});
@@ -188,7 +181,7 @@ TEST_CASE("cpu_llama: results do not depend on the number of threads") {
 TEST_CASE("cpu_llama: a tree forward equals running each root-to-leaf path alone") {
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
-    auto w = st::random_llama(st::tiny_config(), 21);
+    auto w = st::random_llama(test_support::shapes::odd_gqa(), 21);
     sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
     auto const prefix = random_tokens(9, 75, 1);
     // Root (last committed token) and a tree with branching at several depths.
@@ -246,7 +239,7 @@ TEST_CASE("cpu_llama: a tree forward equals running each root-to-leaf path alone
 TEST_CASE("cpu_llama: a non-tree mask (two independent chains in one batch)") {
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
-    auto w = st::random_llama(st::tiny_config(), 8);
+    auto w = st::random_llama(test_support::shapes::odd_gqa(), 8);
     sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
     auto const prefix = random_tokens(6, 75, 2);
     (void)run(m, prefix, iota_positions(0, 6));
@@ -282,7 +275,7 @@ TEST_CASE("cpu_llama: a non-tree mask (two independent chains in one batch)") {
 TEST_CASE("cpu_llama: truncate then forward equals recomputing from scratch") {
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
-    auto w = st::random_llama(st::tiny_config(true), 31);
+    auto w = st::random_llama(test_support::shapes::odd_gqa(true), 31);
     sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
     auto const seq = random_tokens(20, 75, 4);
     (void)run(m, seq, iota_positions(0, 20));
@@ -302,7 +295,7 @@ TEST_CASE("cpu_llama: random chains, trees, truncations and keep_paths equal rec
   // The model keeps data derived from its cache rows across forwards (the transposed keys and
   // values of 8-float heads); whatever the cache went through, each forward must equal a fresh
   // prefill of the sequence the cache holds.
-  auto w = st::random_llama(st::tiny_config(), 61);
+  auto w = st::random_llama(test_support::shapes::odd_gqa(), 61);
   for (std::size_t const limit : pack_limits) {
     CAPTURE(limit);
     sd::cpu_llama m(w, {.threads = 2, .pack_limit = limit});
@@ -373,7 +366,7 @@ TEST_CASE("cpu_llama: random chains, trees, truncations and keep_paths equal rec
 }
 
 TEST_CASE("cpu_llama: logits_rows, hidden rows, hidden_layer and skip_layers") {
-  auto w = st::random_llama(st::tiny_config(), 41);
+  auto w = st::random_llama(test_support::shapes::odd_gqa(), 41);
   auto const tokens = random_tokens(10, 75, 6);
   auto const positions = iota_positions(0, 10);
   sd::cpu_llama m(w, {.threads = 2});
@@ -462,7 +455,7 @@ TEST_CASE("cpu_llama: logits_rows, hidden rows, hidden_layer and skip_layers") {
 }
 
 TEST_CASE("cpu_llama: bad requests throw specdec::error and leave the cache unchanged") {
-  auto w = st::random_llama(st::tiny_config(), 51);
+  auto w = st::random_llama(test_support::shapes::odd_gqa(), 51);
   sd::cpu_llama m(w, {.threads = 2, .max_context = 16});
   CHECK(m.max_context() == 16);
   (void)run(m, {1, 2, 3}, {0, 1, 2});
@@ -579,11 +572,12 @@ TEST_CASE("cpu_llama: bad requests throw specdec::error and leave the cache unch
 }
 
 TEST_CASE("cpu_llama: stories260K greedy decoding reproduces the reference ids") {
-  auto const ref = read_ids(st::model_file("reference_greedy_once_upon_a_time.ids"));
+  auto const ref = read_ids(test_support::model_file("reference_greedy_once_upon_a_time.ids"));
   REQUIRE(ref.size() == 256);
   for (char const* file : {"stories260K.bin", "stories260K.gguf"}) {
     CAPTURE(file);
-    auto const w = std::make_shared<sd::llama_weights const>(sd::load_model(st::model_file(file)));
+    auto const w =
+        std::make_shared<sd::llama_weights const>(sd::load_model(test_support::model_file(file)));
     // The GGUF file declares a context of 128 (llama.context_length); the .bin 512. RoPE works at
     // any position, so run both with a context of 512.
     sd::cpu_llama m(w, {.threads = 2, .max_context = 512});

@@ -2,17 +2,13 @@
 // Test helpers for the CPU backend: tiny random Llama weights, an obviously-correct reference
 // forward in double precision, and small comparison utilities.
 
-#include <doctest/doctest.h>
-
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "specdec/core/forward.hpp"
@@ -20,16 +16,6 @@
 #include "specdec/model/llama_weights.hpp"
 
 namespace specdec::test {
-
-// The model fixture directory from SPECDEC_MODEL_DIR; fails the test when it is not set or the
-// file is missing.
-inline std::filesystem::path model_file(char const* name) {
-  char const* dir = std::getenv("SPECDEC_MODEL_DIR");
-  REQUIRE_MESSAGE(dir != nullptr, "SPECDEC_MODEL_DIR is not set: cannot find the model fixtures");
-  std::filesystem::path p = std::filesystem::path(dir) / name;
-  REQUIRE_MESSAGE(std::filesystem::exists(p), "model fixture missing: ", p.string());
-  return p;
-}
 
 // Points a weights struct into one float buffer laid out in llama2.c order.
 inline void point_llama2c(llama_weights& w, float const* base, bool shared_classifier) {
@@ -210,20 +196,6 @@ std::vector<std::uint64_t> make_mask(std::size_t n, Visible visible) {
     for (std::size_t j = 0; j < n; ++j)
       if (visible(i, j)) mask[i * words + j / 64] |= std::uint64_t{1} << (j % 64);
   return mask;
-}
-
-// A small configuration exercising GQA, odd sizes (tile remainders) and an untied classifier.
-inline llama_config tiny_config(bool shared_classifier = false) {
-  llama_config c;
-  c.dim = 48;
-  c.hidden_dim = 70;
-  c.n_layers = 3;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
-  c.vocab_size = 75;
-  c.seq_len = 96;
-  c.shared_classifier = shared_classifier;
-  return c;
 }
 
 }  // namespace specdec::test

@@ -1,8 +1,10 @@
 #pragma once
 //! \file
-//! The weight-times-activations product of `detail::cpu::gemm_nt` written with Eigen (Map +
-//! noalias): an alternative kernel, kept to measure the tiled kernels against (bench_model's
-//! matmul_vs_eigen). It may allocate (Eigen's GEMM packing buffers) when n > 1.
+//! The weight-times-activations product of the CPU backend's `detail::cpu::gemm_nt` written with
+//! Eigen (Map + noalias): the yardstick of bench_model's matmul_vs_eigen, which measures the tiled
+//! kernels against it (docs/cpu_backend.md). Not part of the library: the backend does not use
+//! Eigen, and bench_model compiles this header only when CMake finds Eigen 3.4. It may allocate
+//! (Eigen's GEMM packing buffers) when n > 1.
 
 #include <cstddef>
 
@@ -17,7 +19,7 @@
 
 #include <Eigen/Core>
 
-namespace specdec::detail::cpu {
+namespace bench {
 
 //! y[t, r] (+)= sum_j w[r, j] x[t, j] for weight rows r in [r0, r1) and tokens t in [0, n): the
 //! same contract as `gemm_nt` (w rows ldw apart, x [n, k] rows ldx apart, y rows ldy apart).
@@ -37,7 +39,7 @@ inline void eigen_gemm_nt(float const* w, std::size_t ldw, std::size_t r0, std::
     ym.noalias() = xm * wm.transpose();
 }
 
-}  // namespace specdec::detail::cpu
+}  // namespace bench
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

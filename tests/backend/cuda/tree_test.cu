@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/test_util.cuh"
+#include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/tree.cuh"
 #include "specdec/core/draft_tree.hpp"
 

@@ -12,11 +12,13 @@
 #include <span>
 #include <vector>
 
-#include "cuda/cpu_reference.hpp"
-#include "cuda/test_util.cuh"
+#include "backend/cuda/cpu_reference.hpp"
+#include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
+#include "support/files.hpp"
+#include "support/llama_shapes.hpp"
 
 namespace {
 
@@ -101,7 +103,7 @@ sd::forward_request tree_request(tree_batch const& t) {
 
 TEST_CASE("cuda_llama: stories260K greedy decoding reproduces the reference ids (.bin and .gguf)") {
   cuda_test::require_device();
-  auto const dir = cuda_test::env_dir("SPECDEC_MODEL_DIR");
+  auto const dir = test_support::model_dir();
   auto const ref = read_ids(dir / "reference_greedy_once_upon_a_time.ids");
   REQUIRE(ref.size() == 256);
   for (char const* file : {"stories260K.bin", "stories260K.gguf"}) {
@@ -141,19 +143,10 @@ TEST_CASE("cuda_llama: stories260K greedy decoding reproduces the reference ids 
 
 TEST_CASE("cuda_llama: a tree forward equals the CPU backend and path-by-path forwards") {
   cuda_test::require_device();
-  auto const dir = cuda_test::env_dir("SPECDEC_MODEL_DIR");
-  sd::llama_config gqa;
-  gqa.dim = 96;
-  gqa.hidden_dim = 200;
-  gqa.n_layers = 3;
-  gqa.n_heads = 6;
-  gqa.n_kv_heads = 2;
-  gqa.vocab_size = 111;
-  gqa.seq_len = 128;
-  gqa.rope_theta = 500000.0f;
-  gqa.shared_classifier = false;
+  auto const dir = test_support::model_dir();
   std::vector<std::shared_ptr<sd::llama_weights const>> models{
-      cuda_test::load_weights(dir / "stories260K.bin"), cuda_test::random_weights(gqa, 5, 0.1f)};
+      cuda_test::load_weights(dir / "stories260K.bin"),
+      cuda_test::random_weights(test_support::shapes::cuda_gqa(), 5, 0.1f)};
   for (auto const& w : models) {
     std::int32_t const vocab = w->config.vocab_size;
     std::vector<token_id> const prefix{1,          40 % vocab, 41 % vocab,
@@ -168,12 +161,10 @@ TEST_CASE("cuda_llama: a tree forward equals the CPU backend and path-by-path fo
     REQUIRE(got.logits_count == t.tree.size());
 
     // Against the CPU backend (same request after the same prefix).
-    if (cuda_test::have_cpu_backend()) {
-      sd::forward_result const cpu = cuda_test::cpu_forward(w, prefix, req);
-      float const d = max_rel_diff(got.logits, cpu.logits);
-      MESSAGE("tree forward vs CPU backend (vocab " << vocab << "): max relative difference " << d);
-      CHECK(d <= logits_tol);
-    }
+    sd::forward_result const cpu = cuda_test::cpu_forward(w, prefix, req);
+    float const d = max_rel_diff(got.logits, cpu.logits);
+    MESSAGE("tree forward vs CPU backend (vocab " << vocab << "): max relative difference " << d);
+    CHECK(d <= logits_tol);
 
     // Against each root-to-node path run on its own (causal) after the prefix.
     for (std::size_t i = 0; i < t.tree.size(); ++i) {
@@ -197,7 +188,7 @@ TEST_CASE("cuda_llama: a tree forward equals the CPU backend and path-by-path fo
 
 TEST_CASE("cuda_llama: keep_path and truncate then forward equal recomputing from scratch") {
   cuda_test::require_device();
-  auto const dir = cuda_test::env_dir("SPECDEC_MODEL_DIR");
+  auto const dir = test_support::model_dir();
   auto const w = cuda_test::load_weights(dir / "stories260K.bin");
   std::vector<token_id> const prefix{1, 403, 407, 261, 378};
   tree_batch const t = make_tree(prefix.size(), 512);
@@ -239,10 +230,7 @@ TEST_CASE("cuda_llama: keep_path and truncate then forward equal recomputing fro
 
 TEST_CASE("cuda_llama: hidden states, logits rows and skipped layers match the CPU backend") {
   cuda_test::require_device();
-  if (!cuda_test::have_cpu_backend()) {
-    FAIL("the CPU backend is not compiled in (Eigen missing): no reference for this test");
-  }
-  auto const dir = cuda_test::env_dir("SPECDEC_MODEL_DIR");
+  auto const dir = test_support::model_dir();
   auto const w = cuda_test::load_weights(dir / "stories260K.bin");
   std::vector<token_id> const prefix{1, 403, 407};
   std::vector<token_id> const toks{261, 378, 300};
@@ -297,7 +285,7 @@ TEST_CASE("cuda_llama: hidden states, logits rows and skipped layers match the C
 
 TEST_CASE("cuda_llama: bad input is reported as specdec::error") {
   cuda_test::require_device();
-  auto const dir = cuda_test::env_dir("SPECDEC_MODEL_DIR");
+  auto const dir = test_support::model_dir();
   auto const w = cuda_test::load_weights(dir / "stories260K.bin");
   sd::cuda_llama m(w, {.max_context = 8});
   sd::forward_result out;

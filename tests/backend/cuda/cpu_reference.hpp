@@ -20,11 +20,8 @@ std::shared_ptr<specdec::llama_weights const> load_weights(std::filesystem::path
 std::shared_ptr<specdec::llama_weights const> random_weights(specdec::llama_config const& config,
                                                              std::uint64_t seed, float stddev);
 
-// Whether the CPU backend was compiled in (Eigen found).
-bool have_cpu_backend();
-
 // A fresh cpu_llama over `weights`: a causal forward over `prefix` (positions 0..), then `req`;
-// returns req's result. Requires have_cpu_backend().
+// returns req's result.
 specdec::forward_result cpu_forward(std::shared_ptr<specdec::llama_weights const> const& weights,
                                     std::span<specdec::token_id const> prefix,
                                     specdec::forward_request const& req);

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
@@ -49,15 +48,6 @@ inline void require_device() {
   REQUIRE_MESSAGE(
       (e == cudaSuccess && count > 0),
       "no usable CUDA device (cudaGetDeviceCount: " << std::string(cudaGetErrorString(e)) << ")");
-}
-
-// A directory named by an environment variable; fails with a message when unset or missing.
-inline std::filesystem::path env_dir(char const* name) {
-  char const* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name << " is not set (ctest sets it; see tests/CMakeLists.txt)");
-  std::filesystem::path p(v);
-  REQUIRE_MESSAGE(std::filesystem::is_directory(p), name << "=" << p << " is not a directory");
-  return p;
 }
 
 template <class T>

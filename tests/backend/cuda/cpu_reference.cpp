@@ -1,13 +1,11 @@
-#include "cuda/cpu_reference.hpp"
+#include "backend/cuda/cpu_reference.hpp"
 
 #include <numeric>
 #include <vector>
 
+#include "specdec/backend/cpu/llama.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
-#if defined(SPECDEC_TEST_HAVE_CPU)
-#include "specdec/backend/cpu/llama.hpp"
-#endif
 
 namespace cuda_test {
 
@@ -21,19 +19,10 @@ std::shared_ptr<specdec::llama_weights const> random_weights(specdec::llama_conf
       specdec::make_random_llama(config, seed, stddev));
 }
 
-bool have_cpu_backend() {
-#if defined(SPECDEC_TEST_HAVE_CPU)
-  return true;
-#else
-  return false;
-#endif
-}
-
 specdec::forward_result cpu_forward(std::shared_ptr<specdec::llama_weights const> const& weights,
                                     std::span<specdec::token_id const> prefix,
                                     specdec::forward_request const& req) {
   specdec::forward_result out;
-#if defined(SPECDEC_TEST_HAVE_CPU)
   specdec::cpu_llama m(weights, {.threads = 2});
   if (!prefix.empty()) {
     std::vector<specdec::position_t> pos(prefix.size());
@@ -44,11 +33,6 @@ specdec::forward_result cpu_forward(std::shared_ptr<specdec::llama_weights const
     m.forward(pre, out);
   }
   m.forward(req, out);
-#else
-  (void)weights;
-  (void)prefix;
-  (void)req;
-#endif
   return out;
 }
 

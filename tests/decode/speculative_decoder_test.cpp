@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "decode/toy_model.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/propose/draft_model.hpp"
@@ -14,6 +13,7 @@
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
+#include "support/toy_model.hpp"
 
 namespace sd = specdec;
 

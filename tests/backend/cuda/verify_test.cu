@@ -11,22 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "cuda/test_util.cuh"
+#include "backend/cuda/host_verifiers.hpp"
+#include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/verify.cuh"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/sampling/policy.hpp"
-// nvcc's front end flags a lambda that captures a not yet filled local array by reference as a
-// use before set (diagnostic 549) in the host verifiers' block reductions; the host compiler does
-// not. Silence it for these host-only headers.
-#if defined(__NVCC__)
-#pragma nv_diag_suppress 549
-#endif
-#include "specdec/verify/greedy.hpp"
-#include "specdec/verify/speculative_sampling.hpp"
-#include "specdec/verify/tree_sampling.hpp"
-#if defined(__NVCC__)
-#pragma nv_diag_default 549
-#endif
 
 namespace {
 

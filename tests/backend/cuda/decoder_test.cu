@@ -8,19 +8,20 @@
 //
 // Why greedy equality is exact and not flaky: CUDA and CPU logits agree to within
 // |a - b| <= logits_tol * (1 + |b|) (float32 both, different summation orders; see
-// tests/cuda/llama_test.cu), so a greedy decision can only differ between the backends where the
-// top two logits of a row are that close. The TinyStories prompts used here are the ones whose
-// 128 greedy decisions all have a clear margin on the CPU (on 8 of the 14 prompts some step's top
-// two logits differ by less than 0.013, on prompt 8 by 0.0003: a coin toss under rounding, so
+// tests/backend/cuda/llama_test.cu), so a greedy decision can only differ between the backends
+// where the top two logits of a row are that close. The TinyStories prompts used here are the ones
+// whose 128 greedy decisions all have a clear margin on the CPU (on 8 of the 14 prompts some step's
+// top two logits differ by less than 0.013, on prompt 8 by 0.0003: a coin toss under rounding, so
 // they are not used); the test checks that margin on the CPU's own rows before comparing, so a
 // difference is a genuine bug, never rounding. Every decoder reaches each decision on the same
 // committed prefix (greedy speculative decoding is token-identical to greedy autoregressive
 // decoding), so the same margins cover the tree rows the speculative decoders verify.
 //
-// The CPU reference is computed here with the CPU backend (tests/cuda/cpu_reference.cpp, compiled
-// by the C++ compiler so that Eigen never goes through nvcc): greedy decoding by whole-sequence
-// causal forwards. That the CPU's speculative decoders with these proposers and configurations
-// emit the same tokens as its greedy autoregressive decoding is tested in tests/decode/.
+// The CPU reference is computed here with the CPU backend (tests/backend/cuda/cpu_reference.cpp,
+// compiled by the C++ compiler so that the CPU backend's SIMD kernels never go through nvcc):
+// greedy decoding by whole-sequence causal forwards. That the CPU's speculative decoders with these
+// proposers and configurations emit the same tokens as its greedy autoregressive decoding is tested
+// in tests/decode/.
 
 #include <doctest/doctest.h>
 
@@ -35,9 +36,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cpu_reference.hpp"
-#include "cuda/test_util.cuh"
-#include "decode/fixture.hpp"
+#include "backend/cuda/cpu_reference.hpp"
+#include "backend/cuda/host_verifiers.hpp"
+#include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/forward.hpp"
@@ -53,19 +54,8 @@
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/rest_datastore.hpp"
 #include "specdec/sampling/policy.hpp"
-// nvcc's front end flags a lambda that captures a not yet filled local array by reference as a
-// use before set (diagnostic 549) in the host verifiers' block reductions; the host compiler does
-// not. Silence it for these host-only headers (as tests/cuda/verify_test.cu does).
-#if defined(__NVCC__)
-#pragma nv_diag_suppress 549
-#endif
-#include "specdec/decode/speculative_decoder.hpp"
-#include "specdec/verify/greedy.hpp"
-#include "specdec/verify/speculative_sampling.hpp"
-#include "specdec/verify/tree_sampling.hpp"
-#if defined(__NVCC__)
-#pragma nv_diag_default 549
-#endif
+#include "support/files.hpp"
+#include "support/fixture.hpp"
 
 namespace {
 
@@ -79,7 +69,7 @@ static_assert(sd::causal_lm<sd::cuda_llama>);
 constexpr std::size_t new_tokens = 128;
 
 // CUDA logits agree with the CPU backend's within |a - b| <= logits_tol * (1 + |b|) (the tolerance
-// of tests/cuda/llama_test.cu).
+// of tests/backend/cuda/llama_test.cu).
 constexpr double logits_tol = 2e-4;
 
 // A greedy decision whose top two CPU logits l1 >= l2 satisfy l1 - l2 > logits_tol * (2 + |l1| +
@@ -276,11 +266,7 @@ void sampled_run(std::string const& name, sd::cuda_llama& target, Proposer& prop
 
 TEST_CASE("cuda_llama decoding: greedy output with every proposer equals the CPU backend's") {
   cuda_test::require_device();
-  if (!cuda_test::have_cpu_backend()) {
-    FAIL("the CPU backend is not compiled in (Eigen missing): no reference for this test");
-  }
-  auto const weights =
-      cuda_test::load_weights(fixture::require_file("SPECDEC_MODEL_DIR", "stories260K.bin"));
+  auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
   auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
   auto const manifest = fixture::reference_ids();  // 256 ids after BOS, prompt included
   REQUIRE(fixture::tok512().encode("Once upon a time", true) == fixture::once_upon_a_time());
@@ -373,8 +359,7 @@ TEST_CASE("cuda_llama decoding: greedy output with every proposer equals the CPU
 // is left out: its guesses track greedy decoding and it is paired with the greedy verifier only.
 TEST_CASE("cuda_llama decoding: sampled requests with every sampling-capable proposer") {
   cuda_test::require_device();
-  auto const weights =
-      cuda_test::load_weights(fixture::require_file("SPECDEC_MODEL_DIR", "stories260K.bin"));
+  auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
   auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
   auto const encoded = fixture::encoded_prompts();
   std::vector<token_id> const& prompt = encoded[story_prompts[0]];

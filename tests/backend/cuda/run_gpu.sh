@@ -3,13 +3,14 @@
 # kernel tests under compute-sanitizer (memcheck, and racecheck on the shared-memory kernels),
 # and the CUDA benchmarks. Logs and benchmark JSON go to $OUT (default: build/gpu-results).
 #
-#   bash tests/cuda/run_gpu.sh [build] [test] [sanitize] [bench]   (default: all four)
+#   bash tests/backend/cuda/run_gpu.sh [build] [test] [sanitize] [bench]   (default: all four)
 #
 # Environment: SPECDEC_MODEL_DIR (default ../shared/models), SPECDEC_DEPS_PREFIX (an extra
-# CMAKE_PREFIX_PATH for doctest / Google Benchmark / Eigen when they are not installed),
+# CMAKE_PREFIX_PATH for doctest / nlohmann-json / Google Benchmark / Eigen (optional) when they
+# are not installed),
 # CUDA_ARCH (default: detected with nvidia-smi, else 90), JOBS (default: nproc).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 root="$PWD"
 out="${OUT:-$root/build/gpu-results}"
 mkdir -p "$out"
@@ -37,16 +38,16 @@ if has build; then
     ${SPECDEC_DEPS_PREFIX:+-DCMAKE_PREFIX_PATH="$SPECDEC_DEPS_PREFIX"} \
     -DSPECDEC_MODEL_DIR="$SPECDEC_MODEL_DIR" -DSPECDEC_DATA_DIR="$SPECDEC_DATA_DIR" \
     > "$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
-  targets=(specdec_cuda_tests specdec_cuda_host_tests)
+  targets=(specdec_backend_cuda_tests specdec_backend_cuda_host_tests)
   for b in benchmarks/cuda/bench_*.cu; do targets+=("$(basename "${b%.cu}")_cuda"); done
   cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.log" 2>&1 ||
     { grep -E "error|Error" -A5 "$out/build.log" | head -80; exit 1; }
   echo "built: ${targets[*]}"
 fi
-tests="$build/tests/cuda/specdec_cuda_tests"
+tests="$build/tests/backend/cuda/specdec_backend_cuda_tests"
 if has test; then
   echo "== tests"
-  "$build/tests/cuda/specdec_cuda_host_tests" > "$out/tests.log" 2>&1 || status=1
+  "$build/tests/backend/cuda/specdec_backend_cuda_host_tests" > "$out/tests.log" 2>&1 || status=1
   tail -3 "$out/tests.log"
   "$tests" --duration=true >> "$out/tests.log" 2>&1 || status=1
   grep -E "MESSAGE|: (distribution|softmax|sampling|greedy|speculative|given|tree|truncating)|tree forward|ERROR|FATAL|test cases|assertions|Status" \

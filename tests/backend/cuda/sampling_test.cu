@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "cuda/test_util.cuh"
+#include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/sampling/softmax.hpp"
