@@ -2,16 +2,17 @@
 //! \file
 //! The row machinery shared by the CUDA sampling and verification kernels.
 //!
-//! - `exp_nonpositive` and the softmax arithmetic of sampling/kernels.hpp, replicated operation for
-//!   operation (rounded multiplies and adds, never contracted into fused multiply-adds), so that a
-//!   probability computed here is the float the host computes.
+//! - The softmax arithmetic of detail/rows.hpp, operation for operation, with the one
+//!   `exp_nonpositive` of detail/exp.hpp that host and device share (rounded multiplies and adds,
+//!   never contracted into fused multiply-adds), so that a probability computed here is the float
+//!   the host computes.
 //! - Row statistics over a vocabulary split into chunks of several thread blocks
 //!   (`launch_row_stats`): per (row, chunk) the maximum, and the sum of exp((z - max) * 1/T) with
 //!   the host's blocking (16 float lanes over blocks of 512, combined in double), so the
 //!   normaliser differs from the host's only by the order of double additions.
 //! - The tree walk and the final draw (`launch_walk_draw`): every block of a sequence replays the
-//!   (cheap, gather-only) acceptance walk of verify/common.hpp's `sampling_walk`, then the blocks
-//!   share the pass over the one row the final token is drawn from; the last block to finish
+//!   (cheap, gather-only) acceptance walk of verify/detail/walk.hpp's `sampling_walk`, then the
+//!   blocks share the pass over the one row the final token is drawn from; the last block to finish
 //!   locates the inverse-CDF crossing and writes the results. Sequences whose walk needs a residual
 //!   update in the middle (q rows and a node with several children) run in one block.
 //! - Greedy verification (`launch_greedy_walk`): chunked argmax of every row, then the walk.
@@ -30,12 +31,13 @@
 #include "specdec/backend/cuda/common.cuh"
 #include "specdec/core/philox.hpp"
 #include "specdec/core/types.hpp"
+#include "specdec/detail/exp.hpp"
 
 namespace specdec::cuda {
 
-//! Entries per float block of the host's exp-and-sum (`detail::row_block` in sampling/).
+//! Entries per float block of the host's exp-and-sum (`detail::row_block` in detail/simd.hpp).
 inline constexpr std::int32_t host_row_block = 512;
-//! Float lanes of the host's exp-and-sum (`detail::row_lanes` in sampling/).
+//! Float lanes of the host's exp-and-sum (`detail::row_lanes` in detail/simd.hpp).
 inline constexpr std::int32_t host_row_lanes = 16;
 
 //! How a row of `vocab` entries is split over thread blocks: `count` chunks of `size` entries
@@ -183,33 +185,14 @@ namespace detail {
 
 #if defined(__CUDACC__)
 
-//! sampling/kernels.hpp's `exp_nonpositive`, operation for operation (no contraction).
-__device__ __forceinline__ float exp_nonpositive(float x) noexcept {
-  constexpr float log2e = 1.44269504088896341f;
-  constexpr float ln2_hi = 0.693359375f;
-  constexpr float ln2_lo = -2.12194440e-4f;
-  constexpr float round_magic = 12582912.0f;
-  constexpr float lower = -87.33654f;
-  float const xc = x < lower ? lower : x;
-  float const shifted = __fadd_rn(__fmul_rn(xc, log2e), round_magic);
-  float const n = __fsub_rn(shifted, round_magic);
-  std::int32_t const ni = __float_as_int(shifted) - 0x4B400000;
-  float const r = __fsub_rn(__fsub_rn(xc, __fmul_rn(n, ln2_hi)), __fmul_rn(n, ln2_lo));
-  float p = 1.9875691500e-4f;
-  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
-  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
-  float const er = __fadd_rn(__fadd_rn(__fmul_rn(__fmul_rn(p, r), r), r), 1.0f);
-  float const scale = __int_as_float((ni + 127) << 23);
-  float const y = __fmul_rn(er, scale);
-  return x < lower ? 0.0f : y;
-}
-
-//! exp((z - shift) * scale) as the host's `exp_shifted` computes it.
+//! exp((z - shift) * scale) as the host's `exp_shifted` (detail/rows.hpp) computes it: the
+//! subtraction and the multiplication rounded on their own, then the `exp_nonpositive` of
+//! detail/exp.hpp, the one definition host and device share. A NaN argument (a launcher given an
+//! infinite 1/T: 0 * inf) gives NaN, which the callers' checks flag; `exp_nonpositive` itself
+//! takes no NaN.
 __device__ __forceinline__ float exp_shifted1(float z, float shift, float scale) noexcept {
-  return exp_nonpositive(__fmul_rn(__fsub_rn(z, shift), scale));
+  float const x = __fmul_rn(__fsub_rn(z, shift), scale);
+  return x == x ? specdec::detail::exp_nonpositive(x) : x;
 }
 
 //! Whether a float is finite.
@@ -240,7 +223,7 @@ struct dist_row {
 //! Draw modes: from p, from max(p - q, 0) (falling back to p), or from p without some tokens.
 enum draw_mode : std::int32_t { draw_plain = 0, draw_residual = 1, draw_excluding = 2 };
 
-//! max(p - q, 0), NaN-propagating, as verify/common.hpp's `residual_weight`.
+//! max(p - q, 0), NaN-propagating, as sampling/draw.hpp's `residual_weight`.
 __device__ __forceinline__ float residual_weight(float p, float q) noexcept {
   float const d = __fsub_rn(p, q);
   return d < 0.0f ? 0.0f : d;
@@ -1174,7 +1157,7 @@ inline launch_status walk_smem_bytes(Kernel kernel, std::int32_t cap, std::int32
 
 }  // namespace detail
 
-//! The sampling walk and final draw (see the file comment and verify/common.hpp's
+//! The sampling walk and final draw (see the file comment and verify/detail/walk.hpp's
 //! `sampling_walk`). In logits mode, `launch_row_stats` must have run with the same plan and
 //! scratch. error_flags, when given, must be zeroed by the caller.
 inline launch_status launch_walk_draw(walk_params const& p, cudaStream_t stream) noexcept {

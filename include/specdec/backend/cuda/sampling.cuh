@@ -32,7 +32,7 @@
 #include "specdec/backend/cuda/common.cuh"
 #include "specdec/backend/cuda/draw.cuh"
 #include "specdec/core/types.hpp"
-#include "specdec/sampling/policy.hpp"
+#include "specdec/sampling/params.hpp"
 
 namespace specdec::cuda {
 

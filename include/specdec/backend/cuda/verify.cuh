@@ -5,7 +5,8 @@
 //!
 //! - `launch_verify_greedy`: the greedy walk (accept the child whose token is the row's argmax
 //!   after logit processing; the bonus is the argmax where no child matches).
-//! - `launch_verify`: the sampling walk of verify/common.hpp's `sampling_walk`: chains and trees
+//! - `launch_verify`: the sampling walk of verify/detail/walk.hpp's `sampling_walk`: chains and
+//! trees
 //!   with q rows (accept iff p(x) > 0 and (p(x) >= q(x) or u q(x) < p(x)); residual
 //!   max(p - q, 0)), and trees without q rows (point masses: accept iff p(x) > 0 and
 //!   (p(x) >= m or u m < p(x)), m the mass not yet rejected; draw from p without the rejected
