@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/bench_common.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
 
 namespace {

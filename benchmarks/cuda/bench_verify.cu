@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/bench_common.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/verify.cuh"
 
 namespace {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "specdec/backend/cuda/common.cuh"
-#include "specdec/backend/cuda/draw.cuh"
 #include "specdec/backend/cuda/llama.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/backend/cuda/tree.cuh"
 #include "specdec/backend/cuda/verify.cuh"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/test_util.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/sampling/softmax.hpp"

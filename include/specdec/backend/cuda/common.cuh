@@ -274,6 +274,27 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) noexcept {
   return warp_sum(v);
 }
 
+//! Three block sums at once (every thread gets them): one pass through shared memory instead
+//! of three. `scratch` holds >= 96 doubles. Fixed order, like `block_sum`.
+__device__ __forceinline__ void block_sum3(double& a, double& b, double& c,
+                                           double* scratch) noexcept {
+  int const lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  int const warps = static_cast<int>((blockDim.x + 31) / 32);
+  a = warp_sum(a);
+  b = warp_sum(b);
+  c = warp_sum(c);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) {
+    scratch[warp] = a;
+    scratch[32 + warp] = b;
+    scratch[64 + warp] = c;
+  }
+  __syncthreads();
+  a = warp_sum(lane < warps ? scratch[lane] : 0.0);
+  b = warp_sum(lane < warps ? scratch[32 + lane] : 0.0);
+  c = warp_sum(lane < warps ? scratch[64 + lane] : 0.0);
+}
+
 //! Max over the block (every thread gets the result). `scratch` holds >= 32 floats.
 __device__ __forceinline__ float block_max(float v, float* scratch) noexcept {
   int const lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;

@@ -17,7 +17,7 @@
 //!   split over several blocks.
 //! - `launch_sample`: the whole pipeline; plain temperature sampling skips the distribution row
 //!   and draws straight from the logits (row statistics over several blocks per row, then the
-//!   shared draw of draw.cuh).
+//!   walk of walk.cuh over root-only trees).
 
 #include <cuda_runtime.h>
 
@@ -30,7 +30,9 @@
 #include <vector>
 
 #include "specdec/backend/cuda/common.cuh"
-#include "specdec/backend/cuda/draw.cuh"
+#include "specdec/backend/cuda/greedy_walk.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
+#include "specdec/backend/cuda/walk.cuh"
 #include "specdec/core/types.hpp"
 #include "specdec/sampling/params.hpp"
 
