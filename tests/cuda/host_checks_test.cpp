@@ -9,6 +9,7 @@
 
 #include "specdec/backend/cuda/common.cuh"
 #include "specdec/backend/cuda/llama.cuh"
+#include "specdec/backend/cuda/policy.cuh"
 #include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/backend/cuda/tree.cuh"

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cuda/test_util.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/backend/cuda/verify.cuh"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/sampling/policy.hpp"

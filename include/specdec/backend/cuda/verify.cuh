@@ -17,9 +17,10 @@
 //! then advances by n whatever the outcome (greedy reads no word and still advances by n). On a
 //! flagged sequence (see `device_error`) the state is left unchanged.
 //!
-//! With the policy's target distribution p computed as the host computes it (row_stats.cuh and
-//! sampling.cuh replicate the float arithmetic; only double additions run in a different order),
-//! the decisions are the host's except where a uniform lies within rounding of a threshold.
+//! With the policy's target distribution p computed as the host computes it (row_stats.cuh,
+//! process_logits.cuh and distribution.cuh replicate the float arithmetic; only double additions
+//! run in a different order), the decisions are the host's except where a uniform lies within
+//! rounding of a threshold.
 //!
 //! Layouts: rows are flattened [num_tokens, vocab] with sequence b owning rows
 //! [layout.begin(b), layout.end(b)) (ragged cumulative counts), or the padded
@@ -35,10 +36,14 @@
 #include <vector>
 
 #include "specdec/backend/cuda/common.cuh"
+#include "specdec/backend/cuda/distribution.cuh"
 #include "specdec/backend/cuda/greedy_walk.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/process_logits.cuh"
 #include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/backend/cuda/walk.cuh"
+#include "specdec/backend/cuda/walk_common.cuh"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/philox.hpp"
