@@ -3,6 +3,8 @@
 //! The attention kernel of `cuda_llama` (llama.cuh): one block per (token, query head) over the
 //! cache entries and the batch's own entries visible through the request's bit-packed mask
 //! (causal when there is none). Internal to backend/cuda.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

@@ -8,6 +8,18 @@
 //! problems found on the device (a NaN logit, a token id outside the vocabulary, a malformed
 //! tree) are reported per sequence through an `error_flags` array (bits of `device_error`).
 //! `throw_if_failed` turns a bad status into `specdec::error` for callers that prefer exceptions.
+//!
+//! Kernels in headers. Every kernel of backend/cuda is a function template with a parameter it
+//! never uses, `template <int Unused = 0> __global__ void name_kernel(...)`, launched as
+//! `name_kernel<<<...>>>` and named `name_kernel<0>` where a pointer to it is needed (e.g. for
+//! `cudaFuncSetAttribute`). The library is header-only, so a kernel is defined in every
+//! translation unit that includes its header, and nvcc gives each `__global__` function a host-side
+//! launch stub with external linkage: a plain kernel defined in a header fails to link ("multiple
+//! definition" of the stub) as soon as two `.cu` files include it; `inline` is ignored on a
+//! `__global__` function (nvcc warning 20050, an error with SPECDEC_WERROR); `static` or an unnamed
+//! namespace would give every translation unit a kernel of its own. Implicit instantiations of a
+//! template may occur in any number of translation units and are merged by the linker, so each
+//! kernel stays one entity, as the one-definition rule requires.
 
 #include <cuda_runtime.h>
 

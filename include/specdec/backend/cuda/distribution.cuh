@@ -6,6 +6,8 @@
 //! 1024-thread block per row: radix selection for the top-k and top-p thresholds, replicated host
 //! sums; the floats written equal what `sampler::distribution` writes up to the order of double
 //! additions.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

@@ -2,6 +2,8 @@
 //! \file
 //! The per-token kernels of `cuda_llama` (llama.cuh): embedding lookup, RMSNorm, RoPE, the append
 //! of each token's K and V to the cache, SwiGLU. Internal to backend/cuda.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

@@ -3,6 +3,8 @@
 //! Greedy verification on the device (`launch_greedy_walk`), the walk of
 //! verify/detail/walk.hpp's `greedy_walk` over a ragged batch of draft trees: one kernel, a
 //! chunked argmax of every row, then the walk in the last block of each sequence to finish.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

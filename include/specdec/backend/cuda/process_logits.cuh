@@ -4,6 +4,8 @@
 //! and penalties (repetition, frequency, presence) over each row's history, into a work copy of
 //! each row (`launch_process_logits`: one block per row; a history token is counted with atomics
 //! in a zeroed [slots, vocab] array that the kernel leaves zeroed again).
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

@@ -8,12 +8,13 @@
 //!   never contracted into fused multiply-adds), so that a probability computed here is the float
 //!   the host computes (`detail::exp_shifted1`).
 //! - Chunk plans (`plan_chunks`): how a row is cut into chunks of multiples of the host's exp
-//! block,
-//!   and the workspace of the row kernels (`draw_workspace`, `draw_scratch`).
+//!   block, and the workspace of the row kernels (`draw_workspace`, `draw_scratch`).
 //! - `launch_row_stats`: per (row, chunk) the maximum, and the sum of exp((z - max) * 1/T) with
 //!   the host's blocking (16 float lanes over blocks of 512, combined in double), so the
 //!   normaliser differs from the host's only by the order of double additions. The walk
 //!   (walk.cuh) and the softmax (softmax.cuh) read them.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 #if defined(__CUDACC__)

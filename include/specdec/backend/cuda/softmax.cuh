@@ -4,6 +4,8 @@
 //! (sampling/softmax.hpp) computes it: the row statistics of row_stats.cuh, then one pass that
 //! scales exp((z - max) * 1/T) by the host's float(1 / total), the vocabulary of a row split over
 //! several blocks.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

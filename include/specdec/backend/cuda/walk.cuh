@@ -9,6 +9,8 @@
 //! residual update in the middle (q rows and a node with several children) run in one block.
 //!
 //! Sampling a token from a row is the walk over a root-only tree (one word, offset + 0).
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 
