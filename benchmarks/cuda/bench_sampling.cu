@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "cuda/bench_common.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
+#include "specdec/backend/cuda/softmax.cuh"
 
 namespace {
 

@@ -64,9 +64,9 @@ struct scalar_exp_ops {
     return a - b;
 #endif
   }
-  //! max(x, `exp_lower_limit`) (x not NaN).
+  //! max(x, `exp_lower_limit`); a NaN passes through (and makes the exp NaN).
   [[nodiscard]] SPECDEC_HOST_DEVICE static float clamp_low(float x) noexcept {
-    return x > exp_lower_limit ? x : exp_lower_limit;
+    return x < exp_lower_limit ? exp_lower_limit : x;
   }
   //! er * 2^n, where `shifted` = x * log2e + round_magic holds n in its low mantissa bits; 0 where
   //! the input `x` is below `exp_lower_limit`.
@@ -84,7 +84,7 @@ struct scalar_exp_ops {
   }
 };
 
-//! exp(x) for x <= 0 (x may be -inf; must not be NaN), computed with the operations of `Ops` on
+//! exp(x) for x <= 0 (x may be -inf; callers pass no NaN), computed with the operations of `Ops` on
 //! `Ops::value` operands: within 1 ulp of the correctly rounded value (checked exhaustively over
 //! [-87.34, 0]); exactly 1 at x = 0 and exactly 0 below `exp_lower_limit` (results that would be
 //! subnormal are flushed to 0). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and the

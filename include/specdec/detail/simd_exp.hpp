@@ -68,7 +68,11 @@ struct vector_exp_ops {
 
 //! exp(x) lane by lane for lanes x <= 0 (see `exp_nonpositive_with`).
 [[nodiscard]] SPECDEC_INLINE vfloat exp_nonpositive(vfloat x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return x;  // host vectors only: nvcc's device pass never runs this, and cannot compile it
+#else
   return exp_nonpositive_with<vector_exp_ops>(x);
+#endif
 }
 
 }  // namespace specdec::detail

@@ -7,12 +7,23 @@
 #include <cstdint>
 #include <vector>
 
+#include "specdec/backend/cuda/attention.cuh"
 #include "specdec/backend/cuda/common.cuh"
+#include "specdec/backend/cuda/distribution.cuh"
 #include "specdec/backend/cuda/draw.cuh"
+#include "specdec/backend/cuda/elementwise.cuh"
+#include "specdec/backend/cuda/greedy_walk.cuh"
+#include "specdec/backend/cuda/kv_cache.cuh"
 #include "specdec/backend/cuda/llama.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/process_logits.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
+#include "specdec/backend/cuda/softmax.cuh"
 #include "specdec/backend/cuda/tree.cuh"
 #include "specdec/backend/cuda/verify.cuh"
+#include "specdec/backend/cuda/walk.cuh"
+#include "specdec/backend/cuda/walk_common.cuh"
 
 namespace sc = specdec::cuda;
 

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cpu_reference.hpp"
 #include "backend/cuda/test_util.cuh"
+#include "specdec/backend/cuda/kv_cache.cuh"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"

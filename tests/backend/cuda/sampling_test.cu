@@ -12,7 +12,11 @@
 #include <vector>
 
 #include "backend/cuda/test_util.cuh"
+#include "specdec/backend/cuda/distribution.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
+#include "specdec/backend/cuda/softmax.cuh"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/sampling/softmax.hpp"
 

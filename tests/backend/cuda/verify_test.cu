@@ -13,6 +13,8 @@
 
 #include "backend/cuda/host_verifiers.hpp"
 #include "backend/cuda/test_util.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/sampling.cuh"
 #include "specdec/backend/cuda/verify.cuh"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/sampling/policy.hpp"

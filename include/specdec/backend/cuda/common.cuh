@@ -8,6 +8,18 @@
 //! problems found on the device (a NaN logit, a token id outside the vocabulary, a malformed
 //! tree) are reported per sequence through an `error_flags` array (bits of `device_error`).
 //! `throw_if_failed` turns a bad status into `specdec::error` for callers that prefer exceptions.
+//!
+//! Kernels in headers. Every kernel of backend/cuda is a function template with a parameter it
+//! never uses, `template <int Unused = 0> __global__ void name_kernel(...)`, launched as
+//! `name_kernel<<<...>>>` and named `name_kernel<0>` where a pointer to it is needed (e.g. for
+//! `cudaFuncSetAttribute`). The library is header-only, so a kernel is defined in every
+//! translation unit that includes its header, and nvcc gives each `__global__` function a host-side
+//! launch stub with external linkage: a plain kernel defined in a header fails to link ("multiple
+//! definition" of the stub) as soon as two `.cu` files include it; `inline` is ignored on a
+//! `__global__` function (nvcc warning 20050, an error with SPECDEC_WERROR); `static` or an unnamed
+//! namespace would give every translation unit a kernel of its own. Implicit instantiations of a
+//! template may occur in any number of translation units and are merged by the linker, so each
+//! kernel stays one entity, as the one-definition rule requires.
 
 #include <cuda_runtime.h>
 
@@ -272,6 +284,27 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) noexcept {
   __syncthreads();
   v = lane < warps ? scratch[lane] : T(0);
   return warp_sum(v);
+}
+
+//! Three block sums at once (every thread gets them): one pass through shared memory instead
+//! of three. `scratch` holds >= 96 doubles. Fixed order, like `block_sum`.
+__device__ __forceinline__ void block_sum3(double& a, double& b, double& c,
+                                           double* scratch) noexcept {
+  int const lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  int const warps = static_cast<int>((blockDim.x + 31) / 32);
+  a = warp_sum(a);
+  b = warp_sum(b);
+  c = warp_sum(c);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) {
+    scratch[warp] = a;
+    scratch[32 + warp] = b;
+    scratch[64 + warp] = c;
+  }
+  __syncthreads();
+  a = warp_sum(lane < warps ? scratch[lane] : 0.0);
+  b = warp_sum(lane < warps ? scratch[32 + lane] : 0.0);
+  c = warp_sum(lane < warps ? scratch[64 + lane] : 0.0);
 }
 
 //! Max over the block (every thread gets the result). `scratch` holds >= 32 floats.

@@ -2,26 +2,26 @@
 //! \file
 //! `cuda_llama`: the Llama architecture on one CUDA device, implementing `specdec::causal_lm`.
 //! float32 weights and activations; cuBLAS for the matrix products (no TF32), own kernels for
-//! the embedding, RMSNorm, RoPE (interleaved pairs, theta from the config), SwiGLU and attention
-//! with the request's visibility mask over a device KV cache (`cuda_kv_cache`, with truncate and
-//! keep_path). The decoder runs on it unchanged: `forward` fills the same host `forward_result`
-//! as the CPU backend; `forward_device` leaves the logits on the device for the CUDA verifiers.
+//! the embedding, RMSNorm, RoPE (interleaved pairs, theta from the config), SwiGLU
+//! (elementwise.cuh) and attention with the request's visibility mask (attention.cuh) over a
+//! device KV cache (`cuda_kv_cache`, kv_cache.cuh, with truncate and keep_path). The decoder runs
+//! on it unchanged: `forward` fills the same host `forward_result` as the CPU backend;
+//! `forward_device` leaves the logits on the device for the CUDA verifiers.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <span>
-#include <utility>
 #include <vector>
 
+#include "specdec/backend/cuda/attention.cuh"
 #include "specdec/backend/cuda/common.cuh"
-#include "specdec/backend/cuda/tree.cuh"
+#include "specdec/backend/cuda/elementwise.cuh"
+#include "specdec/backend/cuda/kv_cache.cuh"
 #include "specdec/core/error.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/core/types.hpp"
@@ -48,304 +48,6 @@ struct cuda_llama_options {
 };
 
 #if defined(__CUDACC__)
-
-//! A KV cache in device memory: per layer a K and a V plane of [capacity, kv_dim] floats. Entries
-//! are stored in the order they were appended (slot i holds the i-th committed token's K/V).
-//! Satisfies `specdec::kv_cache`. Operations run on the owning model's stream.
-class cuda_kv_cache {
- public:
-  //! A cache for `n_layers` layers of `kv_dim` floats per entry, holding `capacity` entries.
-  cuda_kv_cache(std::int32_t n_layers, std::int32_t kv_dim, std::size_t capacity,
-                cudaStream_t stream)
-      : n_layers_(n_layers), kv_dim_(kv_dim), capacity_(capacity), stream_(stream) {
-    SPECDEC_CHECK(n_layers > 0 && kv_dim > 0 && capacity > 0, invalid_argument,
-                  "cuda_kv_cache: n_layers ", n_layers, ", kv_dim ", kv_dim, ", capacity ",
-                  capacity, " must be positive");
-    SPECDEC_CHECK(capacity <= static_cast<std::size_t>(INT32_MAX), out_of_range,
-                  "cuda_kv_cache: capacity ", capacity, " exceeds 2^31 - 1");
-    std::size_t const plane = capacity * static_cast<std::size_t>(kv_dim);
-    data_.resize(plane * 2 * static_cast<std::size_t>(n_layers));
-    std::vector<float*> planes(2 * static_cast<std::size_t>(n_layers));
-    for (std::size_t p = 0; p < planes.size(); ++p) planes[p] = data_.data() + p * plane;
-    planes_.resize(planes.size());
-    planes_.upload(std::span<float* const>(planes), stream_);
-    keep_.resize(capacity + 2 + 1);
-    staging_.resize(capacity + 3);
-    SPECDEC_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-
-  //! Entries stored (committed positions).
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  //! Most entries the cache holds.
-  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-  //! Floats per entry and plane.
-  [[nodiscard]] std::int32_t kv_dim() const noexcept { return kv_dim_; }
-  //! Number of layers.
-  [[nodiscard]] std::int32_t n_layers() const noexcept { return n_layers_; }
-
-  //! Drops entries >= n. Throws `errc::out_of_range` when n > size().
-  void truncate(std::size_t n) {
-    SPECDEC_CHECK(n <= size_, out_of_range, "cuda_kv_cache::truncate: ", n,
-                  " is beyond the cache size ", size_);
-    size_ = n;
-  }
-
-  //! Keeps entries [0, n), moves entry n + keep[i] to n + i and drops the rest. `keep` must be
-  //! strictly ascending with n + keep.back() < size(). Throws `specdec::error` otherwise.
-  void keep_path(std::size_t n, std::span<std::int32_t const> keep) {
-    SPECDEC_CHECK(n <= size_, out_of_range, "cuda_kv_cache::keep_path: n = ", n,
-                  " is beyond the cache size ", size_);
-    for (std::size_t i = 0; i < keep.size(); ++i) {
-      SPECDEC_CHECK(keep[i] >= 0 && n + static_cast<std::size_t>(keep[i]) < size_, out_of_range,
-                    "cuda_kv_cache::keep_path: keep[", i, "] = ", keep[i], " addresses entry ",
-                    n + static_cast<std::size_t>(keep[i] < 0 ? 0 : keep[i]), " of a cache holding ",
-                    size_);
-      SPECDEC_CHECK(i == 0 || keep[i] > keep[i - 1], invalid_argument,
-                    "cuda_kv_cache::keep_path: keep is not strictly ascending at index ", i);
-    }
-    bool moves = false;
-    for (std::size_t i = 0; i < keep.size(); ++i)
-      moves = moves || keep[i] != static_cast<std::int32_t>(i);
-    if (moves) {
-      // staging: [base, cu0, cu1, keep...]
-      staging_[0] = static_cast<std::int32_t>(n);
-      staging_[1] = 0;
-      staging_[2] = static_cast<std::int32_t>(keep.size());
-      std::copy(keep.begin(), keep.end(), staging_.begin() + 3);
-      keep_.upload(std::span<std::int32_t const>(staging_.data(), keep.size() + 3), stream_);
-      cuda::kv_compaction_params p;
-      p.planes = planes_.data();
-      p.num_planes = 2 * n_layers_;
-      p.row_width = kv_dim_;
-      p.seq_stride = 0;
-      p.capacity = static_cast<std::int32_t>(capacity_);
-      p.batch = 1;
-      p.base = keep_.data();
-      p.cu_keep = keep_.data() + 1;
-      p.keep = keep_.data() + 3;
-      cuda::throw_if_failed(cuda::launch_compact_kv(p, stream_), "cuda_kv_cache::keep_path");
-      // The staging buffer is reused by the next call: wait for the upload.
-      SPECDEC_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    }
-    size_ = n + keep.size();
-  }
-
-  //! Empties the cache.
-  void clear() noexcept { size_ = 0; }
-
-  //! K plane of `layer`: [capacity, kv_dim] floats on the device.
-  [[nodiscard]] float* keys(std::int32_t layer) noexcept { return plane(2 * layer); }
-  //! V plane of `layer`: [capacity, kv_dim] floats on the device.
-  [[nodiscard]] float* values(std::int32_t layer) noexcept { return plane(2 * layer + 1); }
-  [[nodiscard]] float const* keys(std::int32_t layer) const noexcept {
-    return data_.data() + static_cast<std::size_t>(2 * layer) * plane_size();
-  }
-  [[nodiscard]] float const* values(std::int32_t layer) const noexcept {
-    return data_.data() + static_cast<std::size_t>(2 * layer + 1) * plane_size();
-  }
-
-  //! Records that `count` entries were appended (by the model's forward).
-  void commit_append(std::size_t count) {
-    SPECDEC_CHECK(count <= capacity_ - size_, context_overflow, "cuda_kv_cache: appending ", count,
-                  " entries to ", size_, " exceeds the capacity ", capacity_);
-    size_ += count;
-  }
-
- private:
-  [[nodiscard]] std::size_t plane_size() const noexcept {
-    return capacity_ * static_cast<std::size_t>(kv_dim_);
-  }
-  [[nodiscard]] float* plane(std::int32_t p) noexcept {
-    return data_.data() + static_cast<std::size_t>(p) * plane_size();
-  }
-
-  std::int32_t n_layers_;
-  std::int32_t kv_dim_;
-  std::size_t capacity_;
-  std::size_t size_ = 0;
-  cudaStream_t stream_;
-  cuda::device_buffer<float> data_;
-  cuda::device_buffer<float*> planes_;
-  cuda::device_buffer<std::int32_t> keep_;
-  std::vector<std::int32_t> staging_;
-};
-
-namespace cuda::detail {
-
-//! x[i, :] = embedding[tokens[i], :].
-template <int Unused = 0>
-__global__ void embed_kernel(float const* __restrict__ embedding,
-                             std::int32_t const* __restrict__ tokens, float* __restrict__ x,
-                             std::int32_t dim) {
-  std::int32_t const i = static_cast<std::int32_t>(blockIdx.x);
-  float const* src = embedding + static_cast<std::int64_t>(tokens[i]) * dim;
-  float* dst = x + static_cast<std::int64_t>(i) * dim;
-  for (std::int32_t j = static_cast<std::int32_t>(threadIdx.x); j < dim;
-       j += static_cast<std::int32_t>(blockDim.x))
-    dst[j] = src[j];
-}
-
-//! out[r, :] = weight * (x[rows[r], :] / rms(x[rows[r], :])), one block per output row;
-//! rows null = identity. As llama2.c: 1 / sqrtf(mean(x^2) + eps), then w * (scale * x).
-template <int Unused = 0>
-__global__ void rmsnorm_kernel(float const* __restrict__ x, std::int32_t const* __restrict__ rows,
-                               float const* __restrict__ weight, float* __restrict__ out,
-                               std::int32_t dim, float eps) {
-  __shared__ float scratch[32];
-  std::int32_t const r = static_cast<std::int32_t>(blockIdx.x);
-  std::int32_t const src_row = rows != nullptr ? rows[r] : r;
-  float const* in = x + static_cast<std::int64_t>(src_row) * dim;
-  float ss = 0.0f;
-  for (std::int32_t j = static_cast<std::int32_t>(threadIdx.x); j < dim;
-       j += static_cast<std::int32_t>(blockDim.x))
-    ss += in[j] * in[j];
-  ss = block_sum(ss, scratch);
-  float const scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-  float* o = out + static_cast<std::int64_t>(r) * dim;
-  for (std::int32_t j = static_cast<std::int32_t>(threadIdx.x); j < dim;
-       j += static_cast<std::int32_t>(blockDim.x))
-    o[j] = weight[j] * (scale * in[j]);
-}
-
-//! RoPE on the q and k parts of each fused qkv row (interleaved pairs (2i, 2i + 1) per head):
-//! frequency theta^(-(2i mod head) / head), angle position * frequency. One block per token.
-template <int Unused = 0>
-__global__ void rope_kernel(float* __restrict__ qkv, std::int32_t const* __restrict__ positions,
-                            std::int32_t qkv_stride, std::int32_t dim, std::int32_t kv_dim,
-                            std::int32_t head_size, float theta) {
-  std::int32_t const i = static_cast<std::int32_t>(blockIdx.x);
-  float* row = qkv + static_cast<std::int64_t>(i) * qkv_stride;
-  float const pos = static_cast<float>(positions[i]);
-  std::int32_t const pairs = (dim + kv_dim) / 2;
-  for (std::int32_t pr = static_cast<std::int32_t>(threadIdx.x); pr < pairs;
-       pr += static_cast<std::int32_t>(blockDim.x)) {
-    std::int32_t const j = 2 * pr;  // index within q (j < dim) or k (j >= dim)
-    std::int32_t const in_head = (j < dim ? j : j - dim) % head_size;
-    float const freq =
-        1.0f / powf(theta, static_cast<float>(in_head) / static_cast<float>(head_size));
-    float const val = pos * freq;
-    float const fcr = cosf(val), fci = sinf(val);
-    float const v0 = row[j], v1 = row[j + 1];
-    row[j] = v0 * fcr - v1 * fci;
-    row[j + 1] = v0 * fci + v1 * fcr;
-  }
-}
-
-//! Appends each token's k and v (from the fused qkv rows) to the cache at slots base + i.
-template <int Unused = 0>
-__global__ void kv_append_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
-                                 std::int32_t dim, std::int32_t kv_dim, float* __restrict__ keys,
-                                 float* __restrict__ values, std::int32_t base) {
-  std::int32_t const i = static_cast<std::int32_t>(blockIdx.x);
-  float const* row = qkv + static_cast<std::int64_t>(i) * qkv_stride;
-  float* k = keys + static_cast<std::int64_t>(base + i) * kv_dim;
-  float* v = values + static_cast<std::int64_t>(base + i) * kv_dim;
-  for (std::int32_t j = static_cast<std::int32_t>(threadIdx.x); j < kv_dim;
-       j += static_cast<std::int32_t>(blockDim.x)) {
-    k[j] = row[dim + j];
-    v[j] = row[dim + kv_dim + j];
-  }
-}
-
-//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over cache slots
-//! [0, cache_len) (all visible) and the batch's own slots cache_len + j visible through the mask
-//! (bit j of row i; null mask = causal). Dynamic shared memory: head_size + cache_len + n +
-//! groups * head_size floats, groups = max(1, blockDim / head_size).
-template <int Unused = 0>
-__global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
-                                 float const* __restrict__ keys, float const* __restrict__ values,
-                                 std::int32_t cache_len, std::int32_t n,
-                                 std::uint64_t const* __restrict__ mask, std::int32_t mask_stride,
-                                 float* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
-                                 std::int32_t head_size, std::int32_t heads_per_kv) {
-  extern __shared__ float smem[];
-  __shared__ float scratch[32];
-  std::int32_t const h = static_cast<std::int32_t>(blockIdx.x);
-  std::int32_t const i = static_cast<std::int32_t>(blockIdx.y);
-  std::int32_t const kvh = h / heads_per_kv;
-  std::int32_t const total = cache_len + n;
-  std::int32_t const tid = static_cast<std::int32_t>(threadIdx.x);
-  std::int32_t const nthreads = static_cast<std::int32_t>(blockDim.x);
-  float* q = smem;
-  float* scores = smem + head_size;
-  std::int32_t const groups = nthreads >= head_size ? nthreads / head_size : 1;
-  float* partial = scores + total;
-
-  float const* qrow = qkv + static_cast<std::int64_t>(i) * qkv_stride + h * head_size;
-  for (std::int32_t d = tid; d < head_size; d += nthreads) q[d] = qrow[d];
-  __syncthreads();
-
-  float const scale = 1.0f / sqrtf(static_cast<float>(head_size));
-  float local_max = -INFINITY;
-  for (std::int32_t t = tid; t < total; t += nthreads) {
-    bool visible = true;
-    if (t >= cache_len) {
-      std::int32_t const j = t - cache_len;
-      visible = mask == nullptr
-                    ? j <= i
-                    : ((mask[static_cast<std::int64_t>(i) * mask_stride + (j >> 6)] >> (j & 63)) &
-                       1u) != 0;
-    }
-    float s = -INFINITY;
-    if (visible) {
-      float const* k = keys + static_cast<std::int64_t>(t) * kv_dim + kvh * head_size;
-      float dot = 0.0f;
-      for (std::int32_t d = 0; d < head_size; ++d) dot += q[d] * k[d];
-      s = dot * scale;
-    }
-    scores[t] = s;
-    local_max = fmaxf(local_max, s);
-  }
-  float const m = block_max(local_max, scratch);
-  float local_sum = 0.0f;
-  for (std::int32_t t = tid; t < total; t += nthreads) {
-    float const e = scores[t] == -INFINITY ? 0.0f : expf(scores[t] - m);
-    scores[t] = e;
-    local_sum += e;
-  }
-  float const sum = block_sum(local_sum, scratch);  // ends with a barrier: scores are visible
-  float const inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-
-  float* o = out + static_cast<std::int64_t>(i) * dim + h * head_size;
-  if (nthreads >= head_size) {
-    std::int32_t const g = tid / head_size, d = tid % head_size;
-    if (g < groups) {
-      float acc = 0.0f;
-      for (std::int32_t t = g; t < total; t += groups)
-        acc += scores[t] * values[static_cast<std::int64_t>(t) * kv_dim + kvh * head_size + d];
-      partial[g * head_size + d] = acc;
-    }
-    __syncthreads();
-    if (tid < head_size) {
-      float acc = 0.0f;
-      for (std::int32_t gg = 0; gg < groups; ++gg) acc += partial[gg * head_size + tid];
-      o[tid] = acc * inv;
-    }
-  } else {
-    for (std::int32_t d = tid; d < head_size; d += nthreads) {
-      float acc = 0.0f;
-      for (std::int32_t t = 0; t < total; ++t)
-        acc += scores[t] * values[static_cast<std::int64_t>(t) * kv_dim + kvh * head_size + d];
-      o[d] = acc * inv;
-    }
-  }
-}
-
-//! h[i, j] = silu(gu[i, j]) * gu[i, hidden + j] (gate and up fused in one row), as llama2.c:
-//! g * (1 / (1 + exp(-g))) * u.
-template <int Unused = 0>
-__global__ void swiglu_kernel(float const* __restrict__ gu, float* __restrict__ h,
-                              std::int32_t hidden, std::int64_t total) {
-  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::int64_t const i = idx / hidden, j = idx % hidden;
-    float g = gu[i * 2 * hidden + j];
-    g *= 1.0f / (1.0f + expf(-g));
-    h[idx] = g * gu[i * 2 * hidden + hidden + j];
-  }
-}
-
-}  // namespace cuda::detail
 
 //! The Llama architecture on a CUDA device (see the file comment). Satisfies `causal_lm`.
 //!

@@ -3,6 +3,8 @@
 //! Tree bookkeeping on the device for a ragged batch of draft trees: bit-packed ancestor
 //! (visibility) masks, depths and positions from parent indices, and the compaction of a KV cache
 //! to the accepted path of each tree.
+//!
+//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
 #include <cuda_runtime.h>
 

@@ -5,7 +5,8 @@
 //!
 //! - `launch_verify_greedy`: the greedy walk (accept the child whose token is the row's argmax
 //!   after logit processing; the bonus is the argmax where no child matches).
-//! - `launch_verify`: the sampling walk of verify/common.hpp's `sampling_walk`: chains and trees
+//! - `launch_verify`: the sampling walk of verify/detail/walk.hpp's `sampling_walk`: chains and
+//! trees
 //!   with q rows (accept iff p(x) > 0 and (p(x) >= q(x) or u q(x) < p(x)); residual
 //!   max(p - q, 0)), and trees without q rows (point masses: accept iff p(x) > 0 and
 //!   (p(x) >= m or u m < p(x)), m the mass not yet rejected; draw from p without the rejected
@@ -16,9 +17,10 @@
 //! then advances by n whatever the outcome (greedy reads no word and still advances by n). On a
 //! flagged sequence (see `device_error`) the state is left unchanged.
 //!
-//! With the policy's target distribution p computed as the host computes it (draw.cuh and
-//! sampling.cuh replicate the float arithmetic; only double additions run in a different order),
-//! the decisions are the host's except where a uniform lies within rounding of a threshold.
+//! With the policy's target distribution p computed as the host computes it (row_stats.cuh,
+//! process_logits.cuh and distribution.cuh replicate the float arithmetic; only double additions
+//! run in a different order), the decisions are the host's except where a uniform lies within
+//! rounding of a threshold.
 //!
 //! Layouts: rows are flattened [num_tokens, vocab] with sequence b owning rows
 //! [layout.begin(b), layout.end(b)) (ragged cumulative counts), or the padded
@@ -34,8 +36,14 @@
 #include <vector>
 
 #include "specdec/backend/cuda/common.cuh"
-#include "specdec/backend/cuda/draw.cuh"
+#include "specdec/backend/cuda/distribution.cuh"
+#include "specdec/backend/cuda/greedy_walk.cuh"
+#include "specdec/backend/cuda/policy.cuh"
+#include "specdec/backend/cuda/process_logits.cuh"
+#include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
+#include "specdec/backend/cuda/walk.cuh"
+#include "specdec/backend/cuda/walk_common.cuh"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/philox.hpp"
