@@ -6,12 +6,15 @@
 // documented errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "rows.hpp"
@@ -360,5 +363,31 @@ TEST_CASE("the one-pass history check names the first bad token of long historie
       check_error([&] { s.distribution(logits, h, probs); }, sd::errc::out_of_range, fragment);
       check_error([&] { (void)s.greedy_token(logits, h); }, sd::errc::out_of_range, fragment);
     }
+  }
+}
+
+TEST_CASE("the vector layer in use, and sum_row_lanes adds the 16 lanes by the fixed tree") {
+#if defined(SPECDEC_SCALAR_SIMD)
+  // The fallback for compilers without vector extensions: lanes held in a struct.
+  static_assert(SPECDEC_VECTOR_EXTENSIONS == 0);
+  static_assert(std::is_class_v<sd::detail::vfloat>);
+  MESSAGE("scalar fallback, ", sd::detail::simd_width, " lanes per vector");
+#else
+  static_assert(SPECDEC_VECTOR_EXTENSIONS == 1);
+  MESSAGE("vector extensions, ", sd::detail::simd_width, " lanes per vector");
+#endif
+  std::mt19937_64 gen(31);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (int rep = 0; rep < 1000; ++rep) {
+    float lanes[sd::detail::row_lanes];
+    for (float& v : lanes) v = uni(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 40) - 20);
+    sd::detail::vfloat acc[sd::detail::row_vectors];
+    for (std::size_t v = 0; v < sd::detail::row_vectors; ++v)
+      acc[v] = sd::detail::load(lanes + v * sd::detail::simd_width);
+    float tree[sd::detail::row_lanes];
+    std::copy(std::begin(lanes), std::end(lanes), tree);
+    for (std::size_t h = sd::detail::row_lanes / 2; h >= 1; h /= 2)
+      for (std::size_t l = 0; l < h; ++l) tree[l] += tree[l + h];
+    CHECK(same_bits(sd::detail::sum_row_lanes(acc), tree[0]));
   }
 }

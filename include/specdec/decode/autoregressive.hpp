@@ -63,9 +63,8 @@ class autoregressive_decoder {
     auto const request_start = std::chrono::steady_clock::now();
     Model& model = *model_;
     std::size_t const vocab = model.vocab_size();
-    std::size_t const capacity = detail::context_capacity(model);
-    detail::check_prompt(prompt, vocab, capacity, "autoregressive_decoder");
-    config_.validate(vocab);  // config() may have been edited since construction
+    std::size_t const capacity =
+        detail::start_request(model, prompt, config_, "autoregressive_decoder");
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();

@@ -274,5 +274,17 @@ inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, st
                 " tokens does not fit the context of ", capacity, " positions");
 }
 
+//! What a decoder checks when a request starts: the prompt against the model's vocabulary and the
+//! positions its cache can hold, and the configuration (which may have been edited since the
+//! decoder was built). Returns those positions. `who` names the decoder in errors.
+template <class Model>
+[[nodiscard]] std::size_t start_request(Model& model, std::span<token_id const> prompt,
+                                        decode_config const& config, char const* who) {
+  std::size_t const capacity = context_capacity(model);
+  check_prompt(prompt, model.vocab_size(), capacity, who);
+  config.validate(model.vocab_size());
+  return capacity;
+}
+
 }  // namespace detail
 }  // namespace specdec

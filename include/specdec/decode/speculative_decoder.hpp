@@ -123,10 +123,8 @@ class speculative_decoder {
                 token_callback const& on_token = {}) {
     auto const request_start = std::chrono::steady_clock::now();
     Model& target = *target_;
-    std::size_t const vocab = target.vocab_size();
-    std::size_t const capacity = detail::context_capacity(target);
-    detail::check_prompt(prompt, vocab, capacity, "speculative_decoder");
-    config_.validate(vocab);  // config() may have been edited since construction
+    std::size_t const capacity =
+        detail::start_request(target, prompt, config_, "speculative_decoder");
     std::size_t const budget = node_budget();
     if (tree_.capacity() < budget + 1) tree_.reserve(budget + 1);
 

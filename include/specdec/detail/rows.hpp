@@ -238,6 +238,18 @@ inline void scale_at_least(float const* x, float* out, std::size_t n, float floo
   for (std::size_t i = full; i < n; ++i) out[i] = x[i] >= floor ? x[i] * factor : 0.0f;
 }
 
+//! Adds x[from..n) to `total` in order, in double; returns whether an entry is negative or NaN.
+//! The tail after the whole vector steps of the checked sums.
+[[nodiscard]] inline bool add_tail_checked(float const* x, std::size_t from, std::size_t n,
+                                           double& total) noexcept {
+  bool bad = false;
+  for (std::size_t i = from; i < n; ++i) {
+    total += static_cast<double>(x[i]);
+    bad = bad || !(x[i] >= 0.0f);
+  }
+  return bad;
+}
+
 //! Sum of x[0..n) for validation (not bit-compatible with any other sum here): float over
 //! `row_lanes` lanes in four independent sets within blocks of `row_block` entries, double
 //! across blocks; `bad` is set when an entry is negative or NaN (+inf makes the sum +inf).
@@ -264,12 +276,7 @@ inline void scale_at_least(float const* x, float* out, std::size_t n, float floo
     for (std::size_t v = 1; v < sets * row_vectors; ++v) acc[0] += acc[v];
     total += static_cast<double>(reduce_lanes(acc[0], [](auto a, auto b) { return a + b; }));
   }
-  bool any_bad = any(negative);
-  for (; i < n; ++i) {
-    total += static_cast<double>(x[i]);
-    any_bad = any_bad || !(x[i] >= 0.0f);
-  }
-  bad = any_bad;
+  bad = add_tail_checked(x, i, n, total) || any(negative);
   return total;
 }
 

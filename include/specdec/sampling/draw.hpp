@@ -108,12 +108,7 @@ template <class W>
     if (sums != nullptr) sums[i / reduce_block] = b;
     total += static_cast<double>(b);
   }
-  bool any_bad = any(negative);
-  for (; i < n; ++i) {
-    total += static_cast<double>(x[i]);
-    any_bad = any_bad || !(x[i] >= 0.0f);
-  }
-  bad = any_bad;
+  bad = add_tail_checked(x, i, n, total) || any(negative);
   return total;
 }
 
