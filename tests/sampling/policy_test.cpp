@@ -191,6 +191,38 @@ TEST_CASE("repetition, frequency and presence penalties follow the HF / OpenAI r
   CHECK(run(with([](auto& p) { p.frequency_penalty = 3.0f; }), l) == soft);
 }
 
+TEST_CASE("penalty_last_n: the penalties count only the last N tokens of the history") {
+  std::vector<float> const l = {2.0f, -2.0f, 1.0f, 0.0f};
+  std::vector<sd::token_id> const h = {0, 1, 0, 0, 3};  // the last 2: 0 and 3, once each
+  auto const e = [](double x) { return std::exp(x); };
+  auto const window = [](std::size_t n) {
+    return with([n](auto& p) {
+      p.frequency_penalty = 0.5f;
+      p.repetition_penalty = 2.0f;
+      p.penalty_last_n = n;
+    });
+  };
+  check_probs(run(window(2), l, h), {e(1.0 - 0.5), e(-2.0), e(1.0), e(-0.5)});
+  check_probs(run(window(1), l, h), {e(2.0), e(-2.0), e(1.0), e(-0.5)});
+  // A window of the whole history or more, and 0, count every token.
+  auto const whole = run(window(0), l, h);
+  check_probs(whole, {e(1.0 - 1.5), e(-4.0 - 0.5), e(1.0), e(-0.5)});
+  CHECK(run(window(5), l, h) == whole);
+  CHECK(run(window(1000), l, h) == whole);
+  // Greedy decoding sees the same window, and the double reference agrees.
+  sd::sampling_params greedy = window(1);
+  greedy.temperature = 0.0f;
+  CHECK(sd::sampler(greedy).greedy_token(l, h) == 0);
+  greedy.penalty_last_n = 0;
+  CHECK(sd::sampler(greedy).greedy_token(l, h) == 2);
+  for (std::size_t n : {0, 1, 2, 3, 7}) {
+    CAPTURE(n);
+    auto const want = sd::reference_distribution(window(n), l, h);
+    auto const got = run(window(n), l, h);
+    for (std::size_t i = 0; i < l.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]));
+  }
+}
+
 TEST_CASE("logit bias adds to the logits; -inf bans a token; repeated entries add up") {
   std::vector<float> const l = {0.0f, 0.0f, 0.0f};
   auto const e = [](double x) { return std::exp(x); };

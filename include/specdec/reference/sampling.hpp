@@ -48,7 +48,8 @@ inline void reference_check_row(std::span<double const> z) {
 }
 
 //! Steps 1 and 2 of `sampler`: logit bias, then repetition, frequency and presence penalties
-//! over `history`, in double. Throws `errc::out_of_range` for a token id outside [0, V).
+//! over `history` (its last `penalty_last_n` tokens when set), in double. Throws
+//! `errc::out_of_range` for a token id outside [0, V).
 [[nodiscard]] inline std::vector<double> reference_processed_logits(
     sampling_params const& params, std::span<float const> logits,
     std::span<token_id const> history) {
@@ -60,11 +61,13 @@ inline void reference_check_row(std::span<double const> z) {
     z[static_cast<std::size_t>(token)] += static_cast<double>(bias);
   }
   std::vector<std::int64_t> count(vocab, 0);
-  for (token_id t : history) {
+  for (token_id t : history)
     SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range,
                   "reference: history token ", t, " outside [0, ", vocab, ")");
-    ++count[static_cast<std::size_t>(t)];
-  }
+  std::size_t const from = params.penalty_last_n == 0 || history.size() <= params.penalty_last_n
+                               ? 0
+                               : history.size() - params.penalty_last_n;
+  for (std::size_t i = from; i < history.size(); ++i) ++count[static_cast<std::size_t>(history[i])];
   double const r = params.repetition_penalty;
   double const f = params.frequency_penalty;
   double const p = params.presence_penalty;

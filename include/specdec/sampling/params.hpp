@@ -5,8 +5,10 @@
 //! sampling kernels.
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -25,9 +27,19 @@ struct sampling_params {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;  //!< finite; l -= f * count(token in history); 0 = off
   float presence_penalty = 0.0f;   //!< finite; l -= p if the token is in the history; 0 = off
+  //! The penalties' window: they count only the last `penalty_last_n` tokens of the history (the
+  //! committed tokens, then the draft path to the row's node); 0 = the whole history.
+  std::size_t penalty_last_n = 0;
   //! (token, bias) pairs: l += bias. Token ids >= 0 (checked against the vocabulary per row);
   //! a bias is finite or -inf (which bans the token). Repeated tokens add up, in order.
   std::vector<std::pair<token_id, float>> logit_bias;
+
+  //! The part of `history` the penalties count (`penalty_last_n`).
+  [[nodiscard]] std::span<token_id const> penalty_window(
+      std::span<token_id const> history) const noexcept {
+    return penalty_last_n == 0 || history.size() <= penalty_last_n ? history
+                                                                   : history.last(penalty_last_n);
+  }
 
   //! Throws `errc::invalid_argument` naming the field and its value when a parameter is outside
   //! its domain, and `errc::out_of_range` for a negative token id in `logit_bias`.

@@ -70,8 +70,9 @@ inline void check_row_shapes(std::span<float const> logits, std::span<float> pro
 //! `sample()` draws from, in this order (as in HF transformers and vLLM):
 //!
 //! 1. logit bias: z = logit + bias (each `logit_bias` entry in order);
-//! 2. penalties, per distinct token t of `history` with c occurrences: repetition
-//!    (z > 0 ? z / r : z * r), then frequency (z -= f * c), then presence (z -= p);
+//! 2. penalties, per distinct token t of `history` (its last `penalty_last_n` tokens when set)
+//!    with c occurrences: repetition (z > 0 ? z / r : z * r), then frequency (z -= f * c), then
+//!    presence (z -= p);
 //! 3. temperature: s = (z - max z) / T; T = 0 makes the policy greedy: a one-hot row at
 //!    `greedy_token` (argmax of z, ties to the lowest id) and steps 4-7 do not apply;
 //! 4. top-k (k > 0): keep exactly min(k, V) tokens, the k largest z, ties at the boundary broken
@@ -263,6 +264,7 @@ class sampler {
   void apply_processing(float* z, std::size_t vocab, std::span<token_id const> history) const {
     for (auto const& [token, bias] : params_.logit_bias) z[token] += bias;
     if (!penalties_ || history.empty()) return;
+    history = params_.penalty_window(history);
     std::vector<std::int32_t>& counts = detail::thread_scratch<std::int32_t, 3>(vocab);
     for (token_id t : history) ++counts[static_cast<std::size_t>(t)];
     float const r = params_.repetition_penalty;

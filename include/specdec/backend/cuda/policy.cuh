@@ -28,6 +28,8 @@ struct device_policy {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
+  //! The penalties count the last this many tokens of a row's history and path (0 = all).
+  std::int32_t penalty_last_n = 0;
   token_id const* bias_tokens = nullptr;  //!< [num_bias] on the device
   float const* bias_values = nullptr;     //!< [num_bias] on the device
   std::int32_t num_bias = 0;              //!< logit-bias entries, applied in order
@@ -65,6 +67,9 @@ class device_sampler {
     policy_.repetition_penalty = params_.repetition_penalty;
     policy_.frequency_penalty = params_.frequency_penalty;
     policy_.presence_penalty = params_.presence_penalty;
+    // A window of 2^31 - 1 tokens or more counts every token a row can have.
+    policy_.penalty_last_n = static_cast<std::int32_t>(
+        std::min<std::size_t>(params_.penalty_last_n, std::numeric_limits<std::int32_t>::max()));
     if (!params_.logit_bias.empty()) {
       std::vector<token_id> tokens;
       std::vector<float> values;

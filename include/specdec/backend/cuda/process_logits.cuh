@@ -110,10 +110,17 @@ __global__ void __launch_bounds__(256) process_kernel(process_params p) {
           j = p.parents != nullptr ? p.parents[first + j] : j - 1;
         return p.tokens[first + j];
       };
+      // Entry k of the row's history in commit order: the sequence's history, then the path from
+      // the root's child down to the node. The penalties count entries [start, total).
       std::int32_t const total = (h1 - h0) + depth;
+      std::int32_t const window = p.policy.penalty_last_n;
+      std::int32_t const start = window > 0 && total > window ? total - window : 0;
+      auto const entry = [&](std::int32_t k) {
+        return k < h1 - h0 ? p.history[h0 + k] : path_token(total - 1 - k);
+      };
       // Phase A: count. Phase B: the first to take a token's count applies its penalties.
-      for (std::int32_t k = tid; k < total; k += nt) {
-        token_id const t = k < h1 - h0 ? p.history[h0 + k] : path_token(k - (h1 - h0));
+      for (std::int32_t k = start + tid; k < total; k += nt) {
+        token_id const t = entry(k);
         if (t < 0 || t >= p.vocab) {
           if (p.error_flags != nullptr) atomicOr(p.error_flags + b, token_out_of_range);
           continue;
@@ -123,8 +130,8 @@ __global__ void __launch_bounds__(256) process_kernel(process_params p) {
       __syncthreads();
       float const rp = p.policy.repetition_penalty, fp = p.policy.frequency_penalty,
                   pp = p.policy.presence_penalty;
-      for (std::int32_t k = tid; k < total; k += nt) {
-        token_id const t = k < h1 - h0 ? p.history[h0 + k] : path_token(k - (h1 - h0));
+      for (std::int32_t k = start + tid; k < total; k += nt) {
+        token_id const t = entry(k);
         if (t < 0 || t >= p.vocab) continue;
         std::int32_t const c = atomicExch(counts + t, 0);
         if (c == 0) continue;
