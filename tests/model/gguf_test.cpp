@@ -538,3 +538,110 @@ TEST_CASE("gguf: random header mutations never crash") {
   }
   MESSAGE("mutated files accepted: ", accepted, " of 400");
 }
+
+TEST_CASE("gguf: overlapping tensors, unused tensors and non-finite weights are refused") {
+  test_support::temp_dir dir;
+  auto const vocab = small_vocab(64);
+  auto const good = dir.file("good.gguf");
+  write_gguf(good, make_random_llama(file_small(false), 2), &vocab, gguf_type::f32);
+  auto const bytes = test::read_bytes(good);
+  gguf_file const f(good);
+  auto const bad = dir.file("bad.gguf");
+  auto const find = [&](std::string_view s) {
+    for (std::size_t i = 0; i + s.size() <= bytes.size(); ++i)
+      if (std::memcmp(bytes.data() + i, s.data(), s.size()) == 0) return i;
+    FAIL("not found: ", s);
+    return std::size_t{0};
+  };
+  // The file offset of a 2-dimensional tensor's data offset field: name, n_dims, ne[2], type.
+  auto const offset_field = [&](std::string_view name) {
+    return find(name) + name.size() + 4 + 16 + 4;
+  };
+
+  SUBCASE("two tensors over the same bytes") {
+    auto b = bytes;
+    auto const q = f.find_tensor("blk.1.attn_q.weight");
+    auto const o = f.find_tensor("blk.1.attn_output.weight");
+    REQUIRE(q != nullptr);
+    REQUIRE(o != nullptr);
+    REQUIRE(test::peek<std::uint64_t>(b, offset_field("blk.1.attn_output.weight")) == o->offset);
+    test::poke(b, offset_field("blk.1.attn_output.weight"), q->offset);  // an alias
+    test::write_bytes(bad, b);
+    auto m = expect_error([&] { (void)gguf_file(bad); }, errc::bad_file);
+    CHECK(m.find("overlaps") != std::string::npos);
+    CHECK(m.find("blk.1.attn_q.weight") != std::string::npos);
+    CHECK(m.find("blk.1.attn_output.weight") != std::string::npos);
+    test::poke(b, offset_field("blk.1.attn_output.weight"), q->offset + 32);  // a partial overlap
+    test::write_bytes(bad, b);
+    m = expect_error([&] { (void)load_model(bad); }, errc::bad_file);
+    CHECK(m.find("overlaps") != std::string::npos);
+  }
+  SUBCASE("a block count below the file's layers") {
+    auto b = bytes;
+    auto const at = find("llama.block_count") + 17 + 4;
+    REQUIRE(test::peek<std::uint32_t>(b, at) == 2);
+    test::poke(b, at, std::uint32_t{1});
+    test::write_bytes(bad, b);
+    auto const m = expect_error([&] { (void)load_gguf(bad); }, errc::bad_file);
+    CHECK(m.find("tensor 'blk.1.") != std::string::npos);
+    CHECK(m.find("is not used by a llama model of 1 layers") != std::string::npos);
+  }
+  SUBCASE("a tensor the architecture does not use") {
+    // Renamed, the untied classifier is no longer "output.weight": the model would load with the
+    // embedding as its classifier and ignore the tensor.
+    auto b = bytes;
+    auto const at = find("output.weight");
+    REQUIRE(at > 0);
+    REQUIRE(static_cast<char>(b[at - 1]) != '_');  // not "attn_output.weight"
+    b[at + 5] = std::byte{'X'};
+    test::write_bytes(bad, b);
+    auto const m = expect_error([&] { (void)load_gguf(bad); }, errc::bad_file);
+    CHECK(m.find("tensor 'outpuX.weight' is not used") != std::string::npos);
+  }
+  SUBCASE("NaN and infinite weights, F32 and F16") {
+    for (gguf_type type : {gguf_type::f32, gguf_type::f16}) {
+      CAPTURE(traits(type).name);
+      write_gguf(good, make_random_llama(file_small(false), 2), &vocab, type);
+      auto b = test::read_bytes(good);
+      gguf_file const g(good);
+      auto const t = g.find_tensor("blk.0.ffn_down.weight");
+      REQUIRE(t != nullptr);
+      auto const at = static_cast<std::size_t>(t->data - g.file()->data()) +
+                      7 * (type == gguf_type::f32 ? 4 : 2);
+      if (type == gguf_type::f32)
+        test::poke(b, at, -INFINITY);
+      else
+        test::poke(b, at, std::uint16_t{0x7e00});  // a half NaN
+      test::write_bytes(bad, b);
+      auto const m = expect_error([&] { (void)load_model(bad); }, errc::bad_file);
+      CHECK(m.find("tensor 'blk.0.ffn_down.weight'") != std::string::npos);
+      CHECK(m.find("at element 7 ") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("gguf: the end-of-text set is EOS and the end-of-turn and end-of-message tokens") {
+  test_support::temp_dir dir;
+  auto const path = dir.file("vocab.gguf");
+  auto const with = [&](std::vector<std::pair<char const*, std::uint32_t>> const& ids) {
+    builder b;
+    b.header(0, 2 + ids.size());
+    b.str("tokenizer.ggml.model").u32(8).str("llama");
+    b.str("tokenizer.ggml.tokens").u32(9).u32(8).u64(6);
+    for (char const* t : {"<unk>", "<s>", "</s>", "a", "<|eot|>", "<|eom|>"}) b.str(t);
+    for (auto const& [key, id] : ids) b.str(key).u32(4).u32(id);
+    test::write_bytes(path, b.b);
+    return tokenizer::from_gguf(gguf_file(path)).end_of_text();
+  };
+  CHECK(with({}) == std::vector<token_id>{2});
+  CHECK(with({{"tokenizer.ggml.eos_token_id", 3}}) == std::vector<token_id>{3});
+  CHECK(with({{"tokenizer.ggml.eot_token_id", 4}, {"tokenizer.ggml.eom_token_id", 5}}) ==
+        std::vector<token_id>{2, 4, 5});
+  CHECK(with({{"tokenizer.ggml.eot_token_id", 2}}) == std::vector<token_id>{2});
+  CHECK(with({{"tokenizer.ggml.eos_token_id", 0xffffffffu}}).empty());
+  CHECK_THROWS_AS(with({{"tokenizer.ggml.eot_token_id", 9}}), specdec::error);
+  // stories260K.gguf names EOS only.
+  CHECK(
+      tokenizer::from_gguf(gguf_file(test_support::model_file("stories260K.gguf"))).end_of_text() ==
+      std::vector<token_id>{2});
+}

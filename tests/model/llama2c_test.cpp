@@ -5,10 +5,15 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
 #include <random>
+#include <string>
 
 #include "model/test_util.hpp"
 #include "specdec/model/load.hpp"
+#include "specdec/model/mapped_file.hpp"
 #include "specdec/model/random.hpp"
 #include "support/errors.hpp"
 #include "support/files.hpp"
@@ -248,4 +253,71 @@ TEST_CASE("llama2c: random header mutations never crash") {
       }
     }
   }
+}
+
+TEST_CASE("llama2c: a NaN or infinite weight is refused, naming the tensor, in every format") {
+  test_support::temp_dir dir;
+  auto const good = dir.file("good.bin");
+  auto const bad = dir.file("bad.bin");
+  for (auto format : {llama2c_format::legacy, llama2c_format::v1}) {
+    CAPTURE(static_cast<int>(format));
+    write_llama2c(good, make_random_llama(file_tiny(false), 9), format);
+    // The file offset of element 5 of layer 1's wq: the float32 weights point into the map.
+    auto const w = load_llama2c(good);
+    auto const map = std::static_pointer_cast<mapped_file const>(w.storage);
+    auto const at = static_cast<std::size_t>(
+        reinterpret_cast<std::byte const*>(w.layers[1].wq + 5) - map->data());
+    for (float v : {-INFINITY, INFINITY, NAN}) {
+      CAPTURE(v);
+      auto b = test::read_bytes(good);
+      test::poke(b, at, v);
+      test::write_bytes(bad, b);
+      auto const m = expect_error([&] { (void)load_llama2c(bad); }, errc::bad_file);
+      CHECK(m.find("bad.bin") != std::string::npos);
+      CHECK(m.find("tensor 'layers[1].wq'") != std::string::npos);
+      CHECK(m.find("at element 5 ") != std::string::npos);
+      expect_error([&] { (void)load_model(bad); }, errc::bad_file);
+    }
+    // The classifier too (the last tensor of the file).
+    auto b = test::read_bytes(good);
+    test::poke(b, b.size() - 4, -INFINITY);
+    test::write_bytes(bad, b);
+    CHECK(expect_error([&] { (void)load_llama2c(bad); }, errc::bad_file)
+              .find("tensor 'classifier'") != std::string::npos);
+  }
+  // Version 2 (Q8_0): an infinite scale dequantises to infinite weights. The scales of
+  // token_embedding follow its int8 values, right after the norms.
+  write_llama2c(good, make_random_llama(file_tiny(true), 9), llama2c_format::v2_q8_0);
+  auto b = test::read_bytes(good);
+  auto const c = file_tiny(true);
+  std::size_t const norms = 4 * static_cast<std::size_t>((2 * c.n_layers + 1) * c.dim);
+  std::size_t const emb = static_cast<std::size_t>(c.vocab_size * c.dim);
+  test::poke(b, llama2c_header_bytes + norms + emb, INFINITY);
+  test::write_bytes(bad, b);
+  CHECK(expect_error([&] { (void)load_llama2c(bad); }, errc::bad_file)
+            .find("tensor 'token_embedding'") != std::string::npos);
+}
+
+TEST_CASE("llama2c: a file read into memory is immune to later changes of the file") {
+  test_support::temp_dir dir;
+  auto const path = dir.file("model.bin");
+  write_llama2c(path, make_random_llama(file_tiny(false), 4));
+  auto const bytes = test::read_bytes(path);
+  auto const copy = load_model(path, file_access::read);
+  auto const map = std::static_pointer_cast<mapped_file const>(copy.storage);
+  CHECK(map->access() == file_access::read);
+  // Truncating a mapped file would make reading its weights a SIGBUS; the copy reads on.
+  std::filesystem::resize_file(path, 0);
+  auto const n = static_cast<std::size_t>(copy.config.dim * copy.config.dim);
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) sum += copy.layers[1].wq[i];
+  CHECK(std::isfinite(sum));
+  CHECK(std::memcmp(map->data(), bytes.data(), bytes.size()) == 0);
+  test::write_bytes(path, bytes);
+  auto const mapped = load_model(path);
+  CHECK(std::static_pointer_cast<mapped_file const>(mapped.storage)->access() == file_access::map);
+  CHECK(std::memcmp(mapped.layers[1].wq, copy.layers[1].wq, n * sizeof(float)) == 0);
+  // A directory is named as one.
+  auto const m = expect_error([&] { (void)load_model(dir.path(), file_access::read); }, errc::io);
+  CHECK(m.find("is a directory") != std::string::npos);
 }

@@ -377,3 +377,44 @@ TEST_CASE("tokenizer: errors") {
       [&] { (void)load_tokenizer(dir.file("m300.gguf"), test_support::model_file("tok512.bin")); },
       errc::bad_file);
 }
+
+TEST_CASE("tokenizer: a vocabulary of another size is reported as such, not as a truncated file") {
+  test_support::temp_dir dir;
+  // Models of 600 and 300 tokens with tok512.bin: whichever is larger, the message says so.
+  for (std::int32_t v : {600, 300}) {
+    CAPTURE(v);
+    auto c = test_support::shapes::vocab_300();
+    c.vocab_size = v;
+    auto const model = dir.file("m.bin");
+    write_llama2c(model, make_random_llama(c, 1));
+    auto const m = test_support::expect_error(
+        [&] { (void)load_tokenizer(model, test_support::model_file("tok512.bin")); },
+        errc::bad_file);
+    CHECK(m.find("the vocabulary has 512 tokens but the model") != std::string::npos);
+    CHECK(m.find(std::to_string(v)) != std::string::npos);
+    CHECK(m.find("truncated") == std::string::npos);
+    auto const direct = test_support::expect_error(
+        [&] { (void)tokenizer::load_llama2c(test_support::model_file("tok512.bin"), v); },
+        errc::bad_file);
+    CHECK(direct.find("has 512 tokens but the model has " + std::to_string(v)) !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("tokenizer: min_tokens bounds the encoded length from below") {
+  tokenizer const& t = tok512();
+  std::mt19937 rng(5);
+  for (std::string text : {std::string(), std::string("a"), std::string("Once upon a time"),
+                           std::string(1000, 'x'), std::string("\xe2\x96\x81\xff\x01 z")}) {
+    CAPTURE(text);
+    CHECK(t.min_tokens(text, true) <= t.encode(text, true).size());
+    CHECK(t.min_tokens(text, false) <= t.encode(text, false).size());
+  }
+  for (int i = 0; i < 50; ++i) {
+    std::string text(rng() % 300, ' ');
+    for (char& c : text) c = static_cast<char>("ab cde\n"[rng() % 7]);
+    CHECK(t.min_tokens(text, true) <= t.encode(text, true).size());
+  }
+  // 10 MB of text needs far more tokens than any context: known without encoding it.
+  CHECK(t.min_tokens(std::string(10'000'000, 'a'), true) > 1'000'000);
+}

@@ -18,9 +18,10 @@ enum class errc {
   bad_file,          //!< a file is truncated, corrupt, or its header disagrees with its contents
   unsupported,       //!< a valid input that this version does not handle (a tensor type, a format)
   context_overflow,  //!< a sequence or cache would grow beyond its capacity
-  numerical,  //!< NaN or Inf where finite values are required, or a distribution with no mass
-  io,         //!< the operating system refused a file operation
-  internal,   //!< a broken internal invariant (a bug in specdec)
+  numerical,      //!< NaN or Inf where finite values are required, or a distribution with no mass
+  io,             //!< the operating system refused a file operation
+  internal,       //!< a broken internal invariant (a bug in specdec)
+  out_of_memory,  //!< an allocation needs more memory than the machine has available
 };
 
 //! A short name for an error code, e.g. "bad_file".
@@ -42,6 +43,8 @@ enum class errc {
       return "io";
     case errc::internal:
       return "internal";
+    case errc::out_of_memory:
+      return "out_of_memory";
   }
   return "unknown";
 }

@@ -1,10 +1,11 @@
 #pragma once
 //! \file
 //! The row passes of the sampling, drawing and verification kernels, on the vectors of
-//! detail/simd.hpp: checked maximum, exp-and-sum, scaling, a validation sum, the
-//! inverse-CDF crossing search, threshold statistics, gathers and argmax. Internals (namespace
-//! `specdec::detail`), not API. Every reduction runs over `row_lanes` logical lanes in a fixed
-//! order, so results do not depend on the vector width (see detail/simd.hpp).
+//! detail/simd.hpp: checked maximum, exp-and-sum, scaling, a validation sum, the inverse-CDF
+//! crossing search, threshold statistics, gathers and argmax; and the finiteness check of model
+//! weights. Internals (namespace `specdec::detail`), not API. Every reduction runs over
+//! `row_lanes` logical lanes in a fixed order, so results do not depend on the vector width (see
+//! detail/simd.hpp).
 
 #include <algorithm>
 #include <bit>
@@ -515,6 +516,31 @@ inline void threshold_stats(float const* x, std::size_t n, float const (&th)[K],
     if (any(load(x + i) == v)) break;
   for (; i < n; ++i)
     if (x[i] == value) return i;
+  return n;
+}
+
+//! The first index i in [0, n) at which x[i] is NaN or infinite, or n when every entry is
+//! finite. Vectorised: x * 0 is 0 for a finite x and NaN otherwise, so four sums of x * 0 over a
+//! block of `row_block` entries are all 0 exactly when the block is finite (two operations per
+//! vector, no branch); a block that is not is searched again entry by entry.
+[[nodiscard]] inline std::size_t first_non_finite(float const* x, std::size_t n) noexcept {
+  constexpr std::size_t sets = 4;
+  constexpr std::size_t stride = sets * simd_width;
+  static_assert(row_block % stride == 0);
+  vfloat const zero = splat(0.0f);
+  std::size_t i = 0;
+  std::size_t const wide = n - n % stride;
+  while (i < wide) {
+    std::size_t const stop = std::min(wide, i + row_block);
+    vfloat acc[sets];
+    for (vfloat& a : acc) a = zero;
+    for (std::size_t j = i; j < stop; j += stride)
+      for (std::size_t v = 0; v < sets; ++v) acc[v] += load(x + j + v * simd_width) * zero;
+    if (any(~((acc[0] + acc[1] + acc[2] + acc[3]) == zero))) break;  // searched below
+    i = stop;
+  }
+  for (; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
   return n;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 //! \file
-//! Bounds-checked little-endian reading of mapped bytes, overflow-checked size arithmetic, and a
-//! checked binary file writer: the building blocks of the model readers and writers.
+//! Bounds-checked little-endian reading of mapped bytes, overflow-checked size arithmetic, the
+//! finiteness check of weights, and a checked binary file writer: the building blocks of the model
+//! readers and writers.
 
 #include <bit>
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include <type_traits>
 
 #include "specdec/core/error.hpp"
+#include "specdec/detail/rows.hpp"
 
 namespace specdec {
 
@@ -40,6 +42,19 @@ namespace detail {
   SPECDEC_CHECK(!__builtin_add_overflow(a, b, &r), bad_file, where, ": ", what, " overflows (", a,
                 " + ", b, ")");
   return r;
+}
+
+//! Throws `errc::bad_file` ("<where>: tensor '<tensor>' holds -inf at element i ...") unless
+//! every one of x[0..n) is finite: a model reader checks every float32 weight it hands out, in one
+//! vectorised pass (`first_non_finite`), so that a corrupt weight fails the load in every build
+//! rather than propagating NaNs whose effect depends on the kernels' order of operations.
+inline void check_finite(float const* x, std::uint64_t n, std::string_view where,
+                         std::string_view tensor) {
+  std::size_t const i = first_non_finite(x, static_cast<std::size_t>(n));
+  if (i == n) [[likely]]
+    return;
+  SPECDEC_THROW(bad_file, where, ": tensor '", tensor, "' holds ", x[i], " at element ", i, " of ",
+                n, " (weights must be finite)");
 }
 
 //! A cursor over a byte span that reads little-endian values, throwing `errc::bad_file` (with the

@@ -15,6 +15,7 @@
 //! arithmetic before anything is read; violations throw `errc::bad_file` naming the file, the
 //! item and the numbers.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -383,11 +384,13 @@ struct gguf_tensor_info {
 //! shared memory map. Cheap to copy (copies share the map and stay valid independently).
 class gguf_file {
  public:
-  //! Maps and parses `path`. Throws `errc::io` when the file cannot be read, `errc::bad_file`
-  //! (naming the file, the item and the numbers) when it is malformed or truncated, and
-  //! `errc::unsupported` for GGUF v1, big-endian files, nested arrays and unknown tensor types.
-  explicit gguf_file(std::filesystem::path const& path)
-      : map_(mapped_file::open(path)), where_(std::make_shared<std::string>(path.string())) {
+  //! Maps (or reads: `file_access::read`) and parses `path`. Throws `errc::io` when the file
+  //! cannot be read, `errc::bad_file` (naming the file, the item and the numbers) when it is
+  //! malformed or truncated or when two tensors' data overlap, and `errc::unsupported` for GGUF
+  //! v1, big-endian files, nested arrays and unknown tensor types.
+  explicit gguf_file(std::filesystem::path const& path, file_access access = file_access::map)
+      : map_(mapped_file::open(path, access)),
+        where_(std::make_shared<std::string>(path.string())) {
     parse();
   }
 
@@ -563,6 +566,27 @@ class gguf_file {
                     map_->size(), " bytes)");
       t.data = map_->data() + begin;
     }
+    check_overlaps();
+  }
+
+  // Rejects tensors whose data overlap or alias each other (llama.cpp lays tensors out one after
+  // another; two views of the same bytes load as garbage). Tensors of no bytes overlap nothing.
+  void check_overlaps() const {
+    std::vector<gguf_tensor_info const*> order;
+    order.reserve(tensors_.size());
+    for (auto const& t : tensors_)
+      if (t.bytes > 0) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](auto const* a, auto const* b) {
+      return a->offset < b->offset || (a->offset == b->offset && a->name < b->name);
+    });
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      gguf_tensor_info const& a = *order[i - 1];
+      gguf_tensor_info const& b = *order[i];
+      SPECDEC_CHECK(a.offset + a.bytes <= b.offset, bad_file, *where_, ": the data of tensor '",
+                    b.name, "' (", b.bytes, " bytes at data offset ", b.offset,
+                    ") overlaps that of tensor '", a.name, "' (", a.bytes, " bytes at data offset ",
+                    a.offset, ")");
+    }
   }
 
   std::string_view read_string(detail::byte_reader& r, std::string_view what) {
@@ -614,9 +638,12 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
 //! tensors token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
 //! ffn_gate, ffn_down, ffn_up}, output_norm, and output, whose absence means a tied classifier).
 //! F32 tensors point into the map (copied when misaligned); F16 and BF16 are converted to float32
-//! in owned storage. Throws `errc::unsupported` for other architectures, quantised tensor types
-//! (naming the type and the tensor), MoE, partial rotary embeddings and RoPE scaling, and
-//! `errc::bad_file` for missing tensors or metadata and for shapes that disagree with the config.
+//! in owned storage; every weight is checked to be finite. Throws `errc::unsupported` for other
+//! architectures, quantised tensor types (naming the type and the tensor), MoE, partial rotary
+//! embeddings and RoPE scaling, and `errc::bad_file` for missing tensors or metadata, shapes that
+//! disagree with the config, tensors the architecture does not use (as llama.cpp refuses them: a
+//! llama.block_count below the file's layers would otherwise load part of the model) and NaN or
+//! infinite weights (naming the tensor).
 [[nodiscard]] inline llama_weights load_gguf(gguf_file const& f) {
   std::string const& w = f.where();
   auto const arch = f.require<std::string_view>("general.architecture");
@@ -709,6 +736,17 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
                   " differs from the head size ", c.head_size(),
                   " (partial rotary embeddings are not supported)");
   }
+  // Every tensor of the file must be one of those: an unused one means a header that does not
+  // describe the file (fewer layers than it holds) or tensors of another architecture.
+  if (list.size() != f.tensors().size()) {
+    for (gguf_tensor_info const& t : f.tensors()) {
+      bool used = false;
+      for (auto const& entry : list) used = used || entry.info == &t;
+      SPECDEC_CHECK(used, bad_file, w, ": tensor '", t.name, "' is not used by a llama model of ",
+                    c.n_layers, " layers (llama.block_count ", c.n_layers, ")",
+                    output == nullptr ? "" : " with an untied classifier");
+    }
+  }
   // Pass 2: point into the map or convert into one owned buffer (sized once: stable pointers).
   auto storage = std::make_shared<detail::weight_storage>();
   storage->map = f.file();
@@ -730,14 +768,17 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
     *target = next;
     next += n;
   }
+  for (auto const& [t, target] : list) detail::check_finite(*target, t->elements, w, t->name);
   if (output == nullptr) out.classifier = out.token_embedding;
   out.storage = std::move(storage);
   return out;
 }
 
-//! Maps, parses and loads the GGUF model at `path` (see `gguf_file` and `load_gguf(gguf_file)`).
-[[nodiscard]] inline llama_weights load_gguf(std::filesystem::path const& path) {
-  return load_gguf(gguf_file(path));
+//! Maps (or reads: `file_access::read`), parses and loads the GGUF model at `path` (see
+//! `gguf_file` and `load_gguf(gguf_file)`).
+[[nodiscard]] inline llama_weights load_gguf(std::filesystem::path const& path,
+                                             file_access access = file_access::map) {
+  return load_gguf(gguf_file(path, access));
 }
 
 }  // namespace specdec

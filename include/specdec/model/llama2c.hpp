@@ -283,6 +283,33 @@ inline llama_weights load_llama2c_versioned(std::shared_ptr<mapped_file const> c
   return w;
 }
 
+//! Checks every tensor of the weights a llama2.c reader produced for non-finite values
+//! (`check_finite`), naming it as llama2.c does ("wq" of a layer: "layers[3].wq").
+inline void check_llama2c_finite(llama_weights const& w, std::string const& where) {
+  llama_counts const n(w.config, where);
+  check_finite(w.token_embedding, n.emb, where, "token_embedding");
+  using member = float const* llama_layer_weights::*;
+  struct tensor {
+    member m;
+    std::uint64_t count;
+    char const* name;
+  };
+  tensor const tensors[] = {{&llama_layer_weights::rms_att, n.d, "rms_att"},
+                            {&llama_layer_weights::wq, n.attn_sq, "wq"},
+                            {&llama_layer_weights::wk, n.attn_kv, "wk"},
+                            {&llama_layer_weights::wv, n.attn_kv, "wv"},
+                            {&llama_layer_weights::wo, n.attn_sq, "wo"},
+                            {&llama_layer_weights::rms_ffn, n.d, "rms_ffn"},
+                            {&llama_layer_weights::w1, n.ffn, "w1"},
+                            {&llama_layer_weights::w2, n.ffn, "w2"},
+                            {&llama_layer_weights::w3, n.ffn, "w3"}};
+  for (std::size_t l = 0; l < w.layers.size(); ++l)
+    for (tensor const& t : tensors)
+      check_finite(w.layers[l].*t.m, t.count, where, "layers[" + std::to_string(l) + "]." + t.name);
+  check_finite(w.rms_final, n.d, where, "rms_final");
+  if (!w.config.shared_classifier) check_finite(w.classifier, n.emb, where, "classifier");
+}
+
 //! Throws `errc::invalid_argument` unless every pointer of `w` is set and its config is valid.
 inline void check_complete(llama_weights const& w, char const* who) {
   w.config.validate(who);
@@ -298,21 +325,28 @@ inline void check_complete(llama_weights const& w, char const* who) {
 
 }  // namespace detail
 
-//! Loads a llama2.c checkpoint (legacy, version 1 or version 2) by memory-mapping it. Float32
-//! tensors point into the map; version-2 tensors are dequantised into owned storage. Every size is
-//! checked against the file before any tensor is touched: throws `errc::io` when the file cannot
-//! be read, `errc::bad_file` (naming the file and the numbers) when it is truncated, longer than
-//! its header implies, or has absurd dimensions, and `errc::unsupported` for unknown versions.
-[[nodiscard]] inline llama_weights load_llama2c(std::filesystem::path const& path) {
-  auto map = mapped_file::open(path);
+//! Loads a llama2.c checkpoint (legacy, version 1 or version 2) by memory-mapping it (or reading
+//! it into memory: `file_access::read`, see mapped_file.hpp). Float32 tensors point into the
+//! file's bytes; version-2 tensors are dequantised into owned storage. Every size is checked
+//! against the file before any tensor is touched, and every weight is checked to be finite: throws
+//! `errc::io` when the file cannot be read, `errc::bad_file` (naming the file and the numbers, or
+//! the tensor) when it is truncated, longer than its header implies, has absurd dimensions or a
+//! NaN or infinite weight, and `errc::unsupported` for unknown versions.
+[[nodiscard]] inline llama_weights load_llama2c(std::filesystem::path const& path,
+                                                file_access access = file_access::map) {
+  auto map = mapped_file::open(path, access);
   detail::byte_reader r(map->bytes(), path.string());
   SPECDEC_CHECK(map->size() >= 28, bad_file, path.string(), ": truncated: ", map->size(),
                 " bytes is shorter than a llama2.c header (28 bytes)");
+  llama_weights w;
   if (r.read<std::uint32_t>("magic") == llama2c_magic) {
-    return detail::load_llama2c_versioned(map, r);
+    w = detail::load_llama2c_versioned(map, r);
+  } else {
+    r.seek(0, "header");
+    w = detail::load_llama2c_legacy(map, r);
   }
-  r.seek(0, "header");
-  return detail::load_llama2c_legacy(map, r);
+  detail::check_llama2c_finite(w, path.string());
+  return w;
 }
 
 //! Writes `w` as a llama2.c checkpoint in `format` (legacy by default; the legacy RoPE tables are

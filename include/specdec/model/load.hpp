@@ -34,11 +34,13 @@ enum class model_format {
   return model_format::llama2c;
 }
 
-//! Loads the Llama model at `path` (llama2.c or GGUF, chosen by magic). See `load_llama2c` and
+//! Loads the Llama model at `path` (llama2.c or GGUF, chosen by magic), memory-mapped or read
+//! into memory (`access`; see mapped_file.hpp for what mapping implies). See `load_llama2c` and
 //! `load_gguf` for what each accepts and the errors they throw.
-[[nodiscard]] inline llama_weights load_model(std::filesystem::path const& path) {
-  if (detect_model_format(path) == model_format::gguf) return load_gguf(path);
-  return load_llama2c(path);
+[[nodiscard]] inline llama_weights load_model(std::filesystem::path const& path,
+                                              file_access access = file_access::map) {
+  if (detect_model_format(path) == model_format::gguf) return load_gguf(path, access);
+  return load_llama2c(path, access);
 }
 
 namespace detail {
@@ -81,21 +83,23 @@ inline std::int32_t llama2c_vocab_size(std::filesystem::path const& path) {
   auto const checked = [&](tokenizer t, std::filesystem::path const& from) {
     SPECDEC_CHECK(t.vocab_size() == model_vocab, bad_file, from.string(), ": the vocabulary has ",
                   t.vocab_size(), " tokens but the model '", model_path.string(), "' has ",
-                  model_vocab);
+                  model_vocab, " (a tokenizer of another model?)");
     return t;
   };
   if (tokenizer_path.has_value()) {
     if (detect_model_format(*tokenizer_path) == model_format::gguf) {
       return checked(tokenizer::from_gguf(gguf_file(*tokenizer_path)), *tokenizer_path);
     }
-    return checked(tokenizer::load_llama2c(*tokenizer_path, model_vocab), *tokenizer_path);
+    // Every token of the file is read, then the sizes compared: a vocabulary of another size is
+    // reported as such, naming both files, rather than as a truncated or overlong file.
+    return checked(tokenizer::load_llama2c(*tokenizer_path), *tokenizer_path);
   }
   if (model_is_gguf) return checked(tokenizer::from_gguf(*model_gguf), model_path);
   auto const beside = model_path.parent_path() / "tokenizer.bin";
   SPECDEC_CHECK(std::filesystem::is_regular_file(beside), invalid_argument, model_path.string(),
                 ": a llama2.c checkpoint has no embedded vocabulary and there is no ",
                 beside.string(), "; pass the tokenizer's path");
-  return checked(tokenizer::load_llama2c(beside, model_vocab), beside);
+  return checked(tokenizer::load_llama2c(beside), beside);
 }
 
 }  // namespace specdec

@@ -45,7 +45,8 @@ class tokenizer {
  public:
   //! A vocabulary of `pieces` with merge `scores` and `types` (all the same length); `bos`, `eos`
   //! and `unk` are ids in range or `no_token`. Byte tokens are the entries of type `byte` whose
-  //! piece is "<0xNN>". With `add_space_prefix`, encode prepends a space to non-empty text.
+  //! piece is "<0xNN>". With `add_space_prefix`, encode prepends a space to non-empty text. The
+  //! end-of-text set is {eos} (none without an EOS); `set_end_of_text` changes it.
   //! Throws `errc::invalid_argument` for inconsistent sizes or special ids out of range.
   tokenizer(std::vector<std::string> const& pieces, std::vector<float> scores,
             std::vector<token_type> types, token_id bos, token_id eos, token_id unk,
@@ -86,15 +87,17 @@ class tokenizer {
         byte_token_[static_cast<std::size_t>(b)] = static_cast<token_id>(id);
       }
     }
+    if (eos_ != no_token) end_of_text_.push_back(eos_);
     build_index();
   }
 
   //! Loads llama2.c's tokenizer.bin: int32 max_token_length, then per token a float32 score, an
-  //! int32 length and that many bytes. Reads `vocab_size` tokens (the model's vocab_size), which
-  //! must fill the file exactly, or every token up to the end of the file when `vocab_size` < 0. By
-  //! llama2.c's convention id 0 is unknown, 1 is BOS and 2 is EOS (control), and "<0xNN>" pieces
-  //! are byte tokens. Throws `errc::io` / `errc::bad_file` (naming the file, the token and the
-  //! numbers).
+  //! int32 length and that many bytes, every token up to the end of the file; when `vocab_size`
+  //! >= 0 (the model's vocab_size), the file must hold exactly that many. By llama2.c's convention
+  //! id 0 is unknown, 1 is BOS and 2 is EOS (control), and "<0xNN>" pieces are byte tokens; the
+  //! end-of-text set is {BOS, EOS}, since llama2.c models end a text with BOS (the start of the
+  //! next one) as often as with EOS, and llama2.c's run.c stops at BOS. Throws `errc::io` /
+  //! `errc::bad_file` (naming the file, the token and the numbers).
   [[nodiscard]] static tokenizer load_llama2c(std::filesystem::path const& path,
                                               std::int32_t vocab_size = -1) {
     auto const map = mapped_file::open(path);
@@ -104,16 +107,7 @@ class tokenizer {
                   " is negative");
     std::vector<std::string> pieces;
     std::vector<float> scores;
-    if (vocab_size >= 0) {
-      // Each token takes at least 8 bytes: refuse counts the file cannot hold before reserving.
-      SPECDEC_CHECK(static_cast<std::uint64_t>(vocab_size) <= r.remaining() / 8, bad_file,
-                    path.string(), ": truncated: ", vocab_size, " tokens cannot fit in ",
-                    map->size(), " bytes");
-      pieces.reserve(static_cast<std::size_t>(vocab_size));
-      scores.reserve(static_cast<std::size_t>(vocab_size));
-    }
-    while (vocab_size < 0 ? r.remaining() > 0
-                          : pieces.size() < static_cast<std::size_t>(vocab_size)) {
+    while (r.remaining() > 0) {
       scores.push_back(r.read<float>("token score"));
       auto const len = r.read<std::int32_t>("token length");
       SPECDEC_CHECK(len >= 0, bad_file, path.string(), ": token ", pieces.size(),
@@ -122,9 +116,11 @@ class tokenizer {
       pieces.emplace_back(reinterpret_cast<char const*>(bytes.data()), bytes.size());
     }
     SPECDEC_CHECK(!pieces.empty(), bad_file, path.string(), ": no tokens");
-    SPECDEC_CHECK(r.remaining() == 0, bad_file, path.string(), ": ", r.remaining(),
-                  " bytes follow the ", pieces.size(),
-                  " tokens expected (a vocabulary of another size?)");
+    // The whole file is read first, so that a vocabulary of another size is reported as such (a
+    // well-formed file of another model's vocabulary is not truncated).
+    SPECDEC_CHECK(vocab_size < 0 || pieces.size() == static_cast<std::size_t>(vocab_size), bad_file,
+                  path.string(), ": the vocabulary has ", pieces.size(),
+                  " tokens but the model has ", vocab_size, " (a tokenizer of another model?)");
     std::vector<token_type> types(pieces.size(), token_type::normal);
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       if (parse_byte_piece(pieces[i]) >= 0) types[i] = token_type::byte;
@@ -133,13 +129,20 @@ class tokenizer {
     if (special(0)) types[0] = token_type::unknown;
     if (special(1)) types[1] = token_type::control;
     if (special(2)) types[2] = token_type::control;
-    return tokenizer(pieces, std::move(scores), std::move(types), special(1) ? 1 : no_token,
-                     special(2) ? 2 : no_token, special(0) ? 0 : no_token);
+    tokenizer t(pieces, std::move(scores), std::move(types), special(1) ? 1 : no_token,
+                special(2) ? 2 : no_token, special(0) ? 0 : no_token);
+    std::vector<token_id> end;
+    for (token_id id : {t.bos(), t.eos()})
+      if (id != no_token) end.push_back(id);
+    t.set_end_of_text(std::move(end));
+    return t;
   }
 
   //! The vocabulary embedded in a GGUF file: tokenizer.ggml.tokens (required), .scores and
   //! .token_type (optional; must match the token count), .bos_token_id / .eos_token_id /
-  //! .unknown_token_id (defaults 1, 2, 0) and .add_space_prefix (default true). Only the
+  //! .unknown_token_id (defaults 1, 2, 0) and .add_space_prefix (default true). The end-of-text
+  //! set is EOS and, when the file names them, the end-of-turn and end-of-message tokens
+  //! (.eot_token_id, .eom_token_id), as llama.cpp stops generation at them. Only the
   //! SentencePiece model ("llama") is supported; others throw `errc::unsupported`.
   [[nodiscard]] static tokenizer from_gguf(gguf_file const& f) {
     std::string const& w = f.where();
@@ -180,7 +183,14 @@ class tokenizer {
     token_id const eos = id("tokenizer.ggml.eos_token_id", 2);
     token_id const unk = id("tokenizer.ggml.unknown_token_id", 0);
     bool const prefix = f.get<bool>("tokenizer.ggml.add_space_prefix").value_or(true);
-    return tokenizer(pieces, std::move(scores), std::move(types), bos, eos, unk, prefix);
+    tokenizer t(pieces, std::move(scores), std::move(types), bos, eos, unk, prefix);
+    std::vector<token_id> end = t.end_of_text();
+    for (char const* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+      token_id const e = id(key, no_token);
+      if (e != no_token && std::find(end.begin(), end.end(), e) == end.end()) end.push_back(e);
+    }
+    t.set_end_of_text(std::move(end));
+    return t;
   }
 
   //! Number of tokens.
@@ -193,10 +203,31 @@ class tokenizer {
   [[nodiscard]] token_id eos() const noexcept { return eos_; }
   //! The unknown-token id (or `no_token`).
   [[nodiscard]] token_id unk() const noexcept { return unk_; }
+  //! The model family's end-of-text tokens: generation stops at any of them (what
+  //! `decode_config::eos_tokens` is set to). See the loaders for each format's set.
+  [[nodiscard]] std::vector<token_id> const& end_of_text() const noexcept { return end_of_text_; }
+  //! Replaces the end-of-text set. Throws `errc::invalid_argument` for an id outside the
+  //! vocabulary.
+  void set_end_of_text(std::vector<token_id> ids) {
+    for (token_id id : ids)
+      SPECDEC_CHECK(id >= 0 && id < vocab_size(), invalid_argument, "tokenizer: end-of-text token ",
+                    id, " is outside the vocabulary of ", vocab_size());
+    end_of_text_ = std::move(ids);
+  }
   //! Whether encode prepends a space to non-empty text.
   [[nodiscard]] bool add_space_prefix() const noexcept { return add_space_prefix_; }
   //! Length in bytes of the longest piece.
   [[nodiscard]] std::size_t max_token_length() const noexcept { return max_token_length_; }
+
+  //! A lower bound on `encode(text, bos).size()` that costs nothing: every token covers at most
+  //! `max_token_length()` bytes of the text (with its dummy prefix space), so n bytes need at
+  //! least n / max_token_length() tokens. Lets a caller refuse a text that cannot fit a context
+  //! before encoding it.
+  [[nodiscard]] std::size_t min_tokens(std::string_view text, bool bos) const noexcept {
+    std::size_t const bytes = text.empty() ? 0 : text.size() + (add_space_prefix_ ? 1 : 0);
+    std::size_t const per = std::max<std::size_t>(1, max_token_length_);
+    return (bytes + per - 1) / per + (bos && bos_ != no_token ? 1 : 0);
+  }
 
   //! The piece of `id` as stored (spaces as ' ', byte tokens as "<0xNN>"). Throws
   //! `errc::out_of_range` for ids outside the vocabulary.
@@ -437,6 +468,7 @@ class tokenizer {
   std::array<token_id, 256> byte_token_{};
   std::vector<token_id> slots_;  // hash index (power-of-two size, no_token = empty)
   token_id bos_ = no_token, eos_ = no_token, unk_ = no_token;
+  std::vector<token_id> end_of_text_;  // see end_of_text()
   bool add_space_prefix_ = true;
   std::size_t max_token_length_ = 0;
 };

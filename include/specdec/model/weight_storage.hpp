@@ -5,8 +5,10 @@
 //! conversion: F16, BF16, dequantised int8, misaligned data; or generated ones).
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
+#include "specdec/detail/memory.hpp"
 #include "specdec/model/mapped_file.hpp"
 
 namespace specdec::detail {
@@ -18,8 +20,11 @@ struct weight_storage {
   std::size_t owned_size = 0;              //!< number of floats in `owned`
 
   //! Allocates `count` floats, uninitialised (every reader writes all of them), and returns them.
+  //! Checks the memory first: throws `errc::out_of_memory` (saying how much) when it is not there.
   float* allocate(std::size_t count) {
-    owned.reset(new float[count]);
+    owned = allocate_checked(std::uint64_t{count} * sizeof(float), "model reader",
+                             "converting the weights to float32",
+                             [&] { return std::make_unique_for_overwrite<float[]>(count); });
     owned_size = count;
     return owned.get();
   }
