@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     // --- Decoding configuration: length, end of sequence, seed.
     sd::decode_config config;
     config.max_new_tokens = 120;
-    config.eos_token = tok.eos();
+    config.eos_tokens = tok.end_of_text();
     config.seed = 2024;
     config.max_draft_nodes = 4;
 

@@ -298,7 +298,7 @@ int build(options const& o) {
     params.top_p = o.top_p;
     sd::decode_config config;
     config.max_new_tokens = o.generate_tokens;
-    config.eos_token = tok.eos();
+    config.eos_tokens = tok.end_of_text();
     std::vector<sd::token_id> const bos{tok.bos() == sd::no_token ? 0 : tok.bos()};
     sd::autoregressive_decoder ar(model, sd::sampler(params), config);
     for (std::size_t i = 0; i < o.generate; ++i) {

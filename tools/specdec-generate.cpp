@@ -88,8 +88,10 @@ class text_stream {
 
   bool operator()(sd::token_id t) {
     if (!started_) start();
+    // A control token decodes to an empty piece whose data() may be null, which fwrite must not
+    // be given.
     std::string_view const piece = tok_->decode(previous_, t);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    if (!piece.empty()) std::fwrite(piece.data(), 1, piece.size(), stdout);
     previous_ = t;
     auto const now = std::chrono::steady_clock::now();
     if (now - last_flush_ > std::chrono::milliseconds(25)) {
@@ -153,7 +155,7 @@ int run(command_line const& cmd) {
   // No node cap: each strategy's proposer sets the node budget of its steps.
   sd::decode_config config;
   config.max_new_tokens = static_cast<std::size_t>(v.count(opt::max_new_tokens));
-  config.eos_token = v.flag(opt::ignore_eos) ? sd::no_token : tok.eos();
+  if (!v.flag(opt::ignore_eos)) config.eos_tokens = tok.end_of_text();
   config.seed = v.count(opt::seed);
   config.stop_strings = v.texts(opt::stop);
   if (!config.stop_strings.empty())

@@ -239,7 +239,7 @@ TEST_CASE("stops: EOS, stop sequences, stop strings, max tokens, context, callba
     std::size_t first = 0;
     while (free_run.tokens[first] != eos) ++first;
     sd::decode_config c = base;
-    c.eos_token = eos;
+    c.eos_tokens = {eos};
     check_both(c, [&](sd::decode_result const& r) {
       CHECK(r.reason == sd::finish_reason::eos);
       CHECK(r.tokens.size() == first);
@@ -478,7 +478,7 @@ TEST_CASE("bad prompts and configurations are errors") {
   std::vector<sd::token_id> const negative{1, -3};
   CHECK_THROWS_AS((void)dec.generate(negative), sd::error);
   sd::decode_config c;
-  c.eos_token = static_cast<sd::token_id>(vocab);
+  c.eos_tokens = {static_cast<sd::token_id>(vocab)};
   CHECK_THROWS_AS((sd::speculative_decoder(target, p, sd::greedy_verifier{}, sd::greedy{}, c)),
                   sd::error);
   c = {};

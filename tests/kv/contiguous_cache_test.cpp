@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "specdec/core/concepts.hpp"
@@ -176,4 +177,51 @@ TEST_CASE("contiguous_cache: bad keep_path arguments throw and change nothing") 
   expect(4, {1, 1}, sd::errc::invalid_argument);   // not strictly ascending
   expect(4, {2, 1}, sd::errc::invalid_argument);   // descending
   expect(4, {0, 2, 900}, sd::errc::out_of_range);  // far beyond
+}
+
+TEST_CASE("contiguous_cache: memory grows on demand and keeps the stored rows") {
+  sd::contiguous_cache c(2, 3, 100);
+  CHECK(c.reserved() == 0);  // construction allocates nothing
+  CHECK(c.append(3) == 0);
+  CHECK(c.reserved() == 3);
+  fill(c, 0, 3, 0.5f);
+  CHECK(c.append(2) == 3);
+  CHECK(c.reserved() == 6);  // at least doubled
+  fill(c, 3, 2, 0.25f);
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::size_t p = 0; p < 5; ++p)
+      for (std::size_t i = 0; i < 3; ++i) {
+        float const tag = p < 3 ? 0.5f : 0.25f;
+        CHECK(key_at(c, l, p, i) == tag + float(1000 * l + 10 * p + i));
+        CHECK(value_at(c, l, p, i) == -(tag + float(1000 * l + 10 * p + i)));
+      }
+  c.reserve(40);
+  CHECK(c.reserved() == 40);
+  CHECK(key_at(c, 1, 4, 2) == 0.25f + float(1000 + 40 + 2));
+  c.reserve(10);  // never shrinks
+  CHECK(c.reserved() == 40);
+  c.reserve(1000);  // within the capacity
+  CHECK(c.reserved() == 100);
+  CHECK(c.append(95) == 5);
+  CHECK(c.reserved() == 100);
+  CHECK(c.bytes_for(10) == 2 * 2 * 3 * 10 * sizeof(float));
+}
+
+TEST_CASE("contiguous_cache: a size the machine cannot hold is refused before allocating") {
+  // 4 layers x 2 x 8192 floats x 2^24 positions: 4 TiB.
+  sd::contiguous_cache c(4, 8192, std::size_t{1} << 24);
+  (void)c.append(2);
+  fill(c, 0, 2, 1.0f);
+  try {
+    c.reserve(std::size_t{1} << 24);
+    FAIL("no throw");
+  } catch (sd::error const& e) {
+    CHECK(e.code() == sd::errc::out_of_memory);
+    std::string const m = e.what();
+    CHECK(m.find("16777216 positions") != std::string::npos);
+    CHECK(m.find("4.0 TiB") != std::string::npos);
+    CHECK(m.find("available") != std::string::npos);
+  }
+  CHECK(c.reserved() == 2);  // unchanged
+  CHECK(key_at(c, 3, 1, 5) == 1.0f + float(3000 + 10 + 5));
 }

@@ -60,15 +60,35 @@ class autoregressive_decoder {
   //! As above, into `out` (its buffers are reused).
   void generate(std::span<token_id const> prompt, decode_result& out,
                 token_callback const& on_token = {}) {
+    run(prompt, out, &on_token, nullptr);
+  }
+
+  //! As above, reporting each emitted token with its origin to `observer` (each is a bonus token
+  //! at depth 1 of its own step; `on_step` is not called).
+  void generate(std::span<token_id const> prompt, decode_result& out,
+                request_observer const& observer) {
+    run(prompt, out, nullptr, &observer);
+  }
+
+  //! The configuration (changes apply from the next request).
+  [[nodiscard]] decode_config& config() noexcept { return config_; }
+  //! The configuration, read-only.
+  [[nodiscard]] decode_config const& config() const noexcept { return config_; }
+  //! The owned sampling policy.
+  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+
+ private:
+  void run(std::span<token_id const> prompt, decode_result& out, token_callback const* on_token,
+           request_observer const* observer) {
     auto const request_start = std::chrono::steady_clock::now();
     Model& model = *model_;
     std::size_t const vocab = model.vocab_size();
     std::size_t const capacity =
-        detail::start_request(model, prompt, config_, "autoregressive_decoder");
+        detail::start_request(model, prompt, config_, 0, "autoregressive_decoder");
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
-    sink_.begin(config_, prompt, out, &on_token, 0);
+    sink_.begin(config_, prompt, out, on_token, 0, observer);
     if (sink_.done()) {  // max_new_tokens == 0: no tokens, so no prefill
       out.stats.total_seconds = detail::seconds_since(request_start);
       return;
@@ -122,7 +142,8 @@ class autoregressive_decoder {
       timer.lap(detail::phase::verify);
 
       std::size_t const emitted_before = sink_.emitted();
-      (void)sink_.emit(next);
+      (void)sink_.emit(next,
+                       {.step = out.stats.steps, .depth = 1, .drafted = false, .logits = row});
       step.emitted = sink_.emitted() - emitted_before;
       timer.lap(detail::phase::commit);
       out.stats.add(step);
@@ -130,14 +151,6 @@ class autoregressive_decoder {
     timer.finish(out.stats, request_start);
   }
 
-  //! The configuration (changes apply from the next request).
-  [[nodiscard]] decode_config& config() noexcept { return config_; }
-  //! The configuration, read-only.
-  [[nodiscard]] decode_config const& config() const noexcept { return config_; }
-  //! The owned sampling policy.
-  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
-
- private:
   Model* model_;
   Policy policy_;
   decode_config config_;

@@ -1,11 +1,12 @@
 #pragma once
 //! \file
 //! What the speculative decoder and the autoregressive baseline share: their configuration, the
-//! stop conditions, the streaming callback and the result of one request.
+//! stop conditions, the streaming callbacks and the result of one request.
 //!
 //! Stops are checked token by token, in commit order, so a speculative step that commits several
 //! tokens stops exactly where plain decoding would have stopped:
-//! - the end-of-sequence token (`decode_config::eos_token`), not emitted unless `emit_eos`;
+//! - an end-of-sequence token (any of `decode_config::eos_tokens`: a model family's end-of-text
+//!   set, e.g. `tokenizer::end_of_text()`), not emitted unless `emit_eos`;
 //! - a stop token sequence (`stop_sequences`) or a stop string (`stop_strings`, matched in the
 //!   generated text through the caller's `piece` function, so the decoder needs no tokenizer): the
 //!   token that completes the match is emitted, then generation stops;
@@ -24,16 +25,18 @@
 #include <string_view>
 #include <vector>
 
+#include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/stats.hpp"
 #include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
 
 namespace specdec {
 
 //! Why a request ended.
 enum class finish_reason {
   max_tokens,     //!< `max_new_tokens` tokens were emitted
-  eos,            //!< the end-of-sequence token was produced
+  eos,            //!< an end-of-sequence token (`decode_config::eos_tokens`) was produced
   stop_sequence,  //!< the generated tokens ended with one of `decode_config::stop_sequences`
   stop_string,    //!< the generated text contains one of `decode_config::stop_strings`
   context_full,   //!< the model's context cannot take another token
@@ -68,6 +71,38 @@ using piece_function = std::function<std::string(token_id previous, token_id tok
 //! request after that token (`finish_reason::cancelled`).
 using token_callback = std::function<bool(token_id token)>;
 
+//! One emitted token and where it came from, as a `request_observer` sees it.
+struct token_event {
+  token_id token = no_token;  //!< the token
+  std::size_t index = 0;      //!< its index among the generated tokens (0 = the first)
+  std::size_t step = 0;  //!< the decode step that committed it (0 = the first after the prefill)
+  //! Its depth below the step's root: an accepted draft token at depth d has d (1 = the root's
+  //! child), the step's bonus token has the accepted length + 1 (1 when nothing was accepted,
+  //! and always 1 for the autoregressive baseline).
+  std::size_t depth = 1;
+  bool drafted = false;  //!< an accepted draft token; false for the step's bonus token
+  //! [vocab] the target's logits row that scored the token (the row of its parent node, before
+  //! any sampling parameter), valid during the call only.
+  std::span<float const> logits;
+};
+
+//! One verified step of the speculative decoder, as a `request_observer` sees it: the draft
+//! tree that was scored and the verifier's decision, before the commit.
+struct step_event {
+  std::size_t step = 0;                   //!< the step (0 = the first after the prefill)
+  draft_tree const* tree = nullptr;       //!< the scored draft (root = the last committed token)
+  verify_result const* result = nullptr;  //!< the accepted path and the bonus token
+};
+
+//! What a caller observes of one request: each emitted token with its origin, and each verified
+//! step. Either may be empty. `on_token` returning false stops the request after that token, as
+//! a `token_callback` does; `on_step` is called by the speculative decoder only (the baseline
+//! drafts nothing).
+struct request_observer {
+  std::function<bool(token_event const&)> on_token;  //!< per emitted token, or empty
+  std::function<void(step_event const&)> on_step;    //!< per verified step, or empty
+};
+
 //! The per-step node budget of a proposer that declares none (no `max_nodes()`) when
 //! `decode_config::max_draft_nodes` is unset.
 inline constexpr std::size_t default_max_draft_nodes = 64;
@@ -77,9 +112,11 @@ struct decode_config {
   //! Most tokens to emit after the prompt (0: a request returns at once, without running the
   //! model, with `finish_reason::max_tokens`).
   std::size_t max_new_tokens = 128;
-  //! The end-of-sequence token, or `no_token` for none.
-  token_id eos_token = no_token;
-  //! Whether the end-of-sequence token is emitted (appended and streamed) before stopping.
+  //! The end-of-sequence tokens: generation stops at any of them (a model family's end-of-text
+  //! set, e.g. `tokenizer::end_of_text()`: llama2.c models end a text with BOS as well as EOS).
+  //! Empty for none.
+  std::vector<token_id> eos_tokens;
+  //! Whether an end-of-sequence token is emitted (appended and streamed) before stopping.
   bool emit_eos = false;
   //! Token sequences that end generation once the generated tokens end with one of them (the
   //! completing token is emitted). Matched against the generated tokens only, not the prompt.
@@ -103,10 +140,10 @@ struct decode_config {
   //! Throws `errc::invalid_argument` (naming the field) when the configuration cannot work with a
   //! vocabulary of `vocab` tokens.
   void validate(std::size_t vocab) const {
-    SPECDEC_CHECK(
-        eos_token == no_token || (eos_token >= 0 && static_cast<std::size_t>(eos_token) < vocab),
-        invalid_argument, "decode_config: eos_token ", eos_token, " is outside the vocabulary of ",
-        vocab);
+    for (std::size_t i = 0; i < eos_tokens.size(); ++i)
+      SPECDEC_CHECK(eos_tokens[i] >= 0 && static_cast<std::size_t>(eos_tokens[i]) < vocab,
+                    invalid_argument, "decode_config: eos_tokens[", i, "] = ", eos_tokens[i],
+                    " is outside the vocabulary of ", vocab);
     SPECDEC_CHECK(!max_draft_nodes || *max_draft_nodes < max_tree_nodes, invalid_argument,
                   "decode_config: max_draft_nodes ", max_draft_nodes.value_or(0), " must be below ",
                   max_tree_nodes);
@@ -139,17 +176,29 @@ struct decode_result {
 
 namespace detail {
 
+//! Where an emitted token came from (see `token_event`).
+struct token_origin {
+  std::size_t step = 0;           //!< the decode step
+  std::size_t depth = 1;          //!< the depth below the step's root
+  bool drafted = false;           //!< an accepted draft token (else the bonus)
+  std::span<float const> logits;  //!< the target row that scored it
+};
+
 //! Emits tokens one at a time and decides when a request stops. Owns the committed sequence
 //! (prompt + emitted tokens), which is the history the proposers and verifiers see.
 class token_sink {
  public:
   //! Starts a request: `committed` becomes the prompt; `out` is cleared. Reserves room for
   //! `extra` tokens beyond the prompt and `max_new_tokens` so that emitting does not allocate.
+  //! Each emitted token goes to `on_token` and to `observer->on_token` (either may be null or
+  //! empty).
   void begin(decode_config const& config, std::span<token_id const> prompt, decode_result& out,
-             token_callback const* on_token, std::size_t extra) {
+             token_callback const* on_token, std::size_t extra,
+             request_observer const* observer = nullptr) {
     config_ = &config;
     out_ = &out;
     on_token_ = on_token != nullptr && *on_token ? on_token : nullptr;
+    on_event_ = observer != nullptr && observer->on_token ? &observer->on_token : nullptr;
     out.tokens.clear();
     out.reason = finish_reason::max_tokens;
     out.stop_index = 0;
@@ -163,22 +212,24 @@ class token_sink {
     done_ = config.max_new_tokens == 0;
   }
 
-  //! Emits `token` (unless it is an EOS that is not emitted) and returns true when the request is
-  //! over. Must not be called after it returned true.
-  bool emit(token_id token) {
+  //! Emits `token` (unless it is an EOS that is not emitted), which came from `origin`, and
+  //! returns true when the request is over. Must not be called after it returned true.
+  bool emit(token_id token, token_origin const& origin = {}) {
     decode_config const& c = *config_;
     token_id const previous = committed_.empty() ? no_token : committed_.back();
-    if (c.eos_token != no_token && token == c.eos_token) {
-      if (c.emit_eos) push(token);
+    if (is_eos(token)) {
+      if (c.emit_eos) {
+        push(token);
+        (void)notify(token, origin);
+      }
       out_->reason = finish_reason::eos;
-      if (c.emit_eos && on_token_ != nullptr) (void)(*on_token_)(token);
       return done_ = true;
     }
     push(token);
     bool stop = false;
     if (match_sequences()) stop = true;
     if (!stop && !c.stop_strings.empty() && match_strings(previous, token)) stop = true;
-    if (on_token_ != nullptr && !(*on_token_)(token) && !stop) {
+    if (!notify(token, origin) && !stop) {
       out_->reason = finish_reason::cancelled;
       stop = true;
     }
@@ -210,6 +261,28 @@ class token_sink {
   void push(token_id token) {
     committed_.push_back(token);
     out_->tokens.push_back(token);
+  }
+
+  [[nodiscard]] bool is_eos(token_id token) const noexcept {
+    for (token_id e : config_->eos_tokens)
+      if (token == e) return true;
+    return false;
+  }
+
+  //! Passes the pushed `token` to the callbacks; false when one of them cancels.
+  bool notify(token_id token, token_origin const& origin) {
+    bool go_on = true;
+    if (on_token_ != nullptr) go_on = (*on_token_)(token);
+    if (on_event_ != nullptr) {
+      token_event const e{.token = token,
+                          .index = out_->tokens.size() - 1,
+                          .step = origin.step,
+                          .depth = origin.depth,
+                          .drafted = origin.drafted,
+                          .logits = origin.logits};
+      go_on = (*on_event_)(e) && go_on;
+    }
+    return go_on;
   }
 
   bool match_sequences() {
@@ -248,6 +321,7 @@ class token_sink {
   decode_config const* config_ = nullptr;
   decode_result* out_ = nullptr;
   token_callback const* on_token_ = nullptr;
+  std::function<bool(token_event const&)> const* on_event_ = nullptr;
   std::vector<token_id> committed_;
   std::string text_;
   std::size_t max_stop_chars_ = 0;
@@ -274,15 +348,31 @@ inline void check_prompt(std::span<token_id const> prompt, std::size_t vocab, st
                 " tokens does not fit the context of ", capacity, " positions");
 }
 
+//! Makes room for `positions` positions in `model` when it can do so ahead of its forwards (a
+//! `reserve(positions)` member, as `cpu_llama` has: its cache grows on demand, and reserving
+//! checks the memory a request needs before it starts). Models without one are left as they are.
+template <class Model>
+void reserve_context(Model& model, std::size_t positions) {
+  if constexpr (requires(Model & m, std::size_t n) { m.reserve(n); }) model.reserve(positions);
+}
+
 //! What a decoder checks when a request starts: the prompt against the model's vocabulary and the
 //! positions its cache can hold, and the configuration (which may have been edited since the
-//! decoder was built). Returns those positions. `who` names the decoder in errors.
+//! decoder was built); then it reserves the positions the request can use (the prompt,
+//! `max_new_tokens` and `extra` scored beyond them, within the capacity: `reserve_context`).
+//! Returns the capacity. `who` names the decoder in errors.
 template <class Model>
 [[nodiscard]] std::size_t start_request(Model& model, std::span<token_id const> prompt,
-                                        decode_config const& config, char const* who) {
+                                        decode_config const& config, std::size_t extra,
+                                        char const* who) {
   std::size_t const capacity = context_capacity(model);
   check_prompt(prompt, model.vocab_size(), capacity, who);
   config.validate(model.vocab_size());
+  if (config.max_new_tokens > 0) {
+    std::size_t const room = capacity - prompt.size();
+    std::size_t const wanted = std::min(room, config.max_new_tokens) + std::min(room, extra);
+    reserve_context(model, prompt.size() + std::min(room, wanted));
+  }
   return capacity;
 }
 

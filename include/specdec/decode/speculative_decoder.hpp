@@ -37,6 +37,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -121,16 +122,40 @@ class speculative_decoder {
   //! then per step `propose`, `score`, `verify` and `commit`, each phase timed back to back.
   void generate(std::span<token_id const> prompt, decode_result& out,
                 token_callback const& on_token = {}) {
+    run(prompt, out, &on_token, nullptr);
+  }
+
+  //! As above, reporting each emitted token with its origin (step, depth, drafted or bonus, the
+  //! target row that scored it) and each verified step (its tree and the verifier's decision,
+  //! before the commit) to `observer`.
+  void generate(std::span<token_id const> prompt, decode_result& out,
+                request_observer const& observer) {
+    run(prompt, out, nullptr, &observer);
+  }
+
+  //! The configuration (changes apply from the next request).
+  [[nodiscard]] decode_config& config() noexcept { return config_; }
+  //! The configuration, read-only.
+  [[nodiscard]] decode_config const& config() const noexcept { return config_; }
+  //! The owned verifier.
+  [[nodiscard]] Verifier& get_verifier() noexcept { return verifier_; }
+  //! The owned sampling policy.
+  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+
+ private:
+  void run(std::span<token_id const> prompt, decode_result& out, token_callback const* on_token,
+           request_observer const* observer) {
     auto const request_start = std::chrono::steady_clock::now();
     Model& target = *target_;
-    std::size_t const capacity =
-        detail::start_request(target, prompt, config_, "speculative_decoder");
     std::size_t const budget = node_budget();
+    std::size_t const capacity =
+        detail::start_request(target, prompt, config_, budget, "speculative_decoder");
     if (tree_.capacity() < budget + 1) tree_.reserve(budget + 1);
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
-    sink_.begin(config_, prompt, out, &on_token, budget);
+    sink_.begin(config_, prompt, out, on_token, budget, observer);
+    on_step_ = observer != nullptr && observer->on_step ? &observer->on_step : nullptr;
     if (sink_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
       out.stats.total_seconds = detail::seconds_since(request_start);
       return;
@@ -157,23 +182,15 @@ class speculative_decoder {
       timer.lap(detail::phase::score);
       verify(committed, rng);
       timer.lap(detail::phase::verify);
-      hidden = commit(base, step);
+      if (on_step_ != nullptr)
+        (*on_step_)(step_event{.step = out.stats.steps, .tree = &tree_, .result = &result_});
+      hidden = commit(base, step, out.stats.steps);
       timer.lap(detail::phase::commit);
       out.stats.add(step);
     }
     timer.finish(out.stats, request_start);
   }
 
-  //! The configuration (changes apply from the next request).
-  [[nodiscard]] decode_config& config() noexcept { return config_; }
-  //! The configuration, read-only.
-  [[nodiscard]] decode_config const& config() const noexcept { return config_; }
-  //! The owned verifier.
-  [[nodiscard]] Verifier& get_verifier() noexcept { return verifier_; }
-  //! The owned sampling policy.
-  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
-
- private:
   //! The most draft nodes (root excluded) a step scores: the proposer's node budget
   //! (`max_nodes()`) capped by config.max_draft_nodes when set; for a proposer that declares no
   //! budget, config.max_draft_nodes or `default_max_draft_nodes`. Below max_tree_nodes.
@@ -289,8 +306,9 @@ class speculative_decoder {
   //! Commit: the target cache keeps the root and the accepted nodes (`truncate` when they are the
   //! first nodes of a chain, `keep_path` otherwise), the proposer observes and accepts the
   //! outcome, and the accepted tokens and the bonus are emitted one by one through the stop
-  //! checks. Returns the hidden rows of the root and the accepted nodes (for the next `propose`).
-  matrix_view<float const> commit(std::size_t base, step_stats& step) {
+  //! checks (step `step_index`). Returns the hidden rows of the root and the accepted nodes (for
+  //! the next `propose`).
+  matrix_view<float const> commit(std::size_t base, step_stats& step, std::size_t step_index) {
     std::size_t const n = tree_.size();
     std::size_t const m = result_.num_accepted();
     bool prefix_of_chain = true;
@@ -321,8 +339,16 @@ class speculative_decoder {
     proposer_->accept(result_);
     step.accepted = m;
     std::size_t const emitted_before = sink_.emitted();
-    for (token_id tok : result_.tokens)
-      if (sink_.emit(tok)) break;
+    for (std::size_t i = 0; i < result_.tokens.size(); ++i) {
+      // Token i was scored by the row of its parent: the root, then the accepted nodes.
+      node_index const parent = i == 0 ? 0 : result_.accepted_nodes[i - 1];
+      detail::token_origin const origin{
+          .step = step_index,
+          .depth = i + 1,
+          .drafted = i < m,
+          .logits = tree_logits().row(static_cast<std::size_t>(parent))};
+      if (sink_.emit(result_.tokens[i], origin)) break;
+    }
     step.emitted = sink_.emitted() - emitted_before;
     return hidden;
   }
@@ -351,6 +377,7 @@ class speculative_decoder {
   forward_result fwd_;
   verify_result result_;
   detail::token_sink sink_;
+  std::function<void(step_event const&)> const* on_step_ = nullptr;  //!< this request's observer
   std::vector<position_t> positions_;
   std::vector<std::int32_t> keep_;
   std::vector<float> hidden_;

@@ -1,34 +1,40 @@
 #pragma once
 //! \file
 //! `contiguous_cache`: a key/value cache that stores, per layer, the keys and the values of every
-//! position in one dense float32 block, and drops rejected speculation by truncation (chains) or
-//! compaction of the accepted path (trees).
+//! position in one dense float32 block, grows on demand up to its capacity, and drops rejected
+//! speculation by truncation (chains) or compaction of the accepted path (trees).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
-#include <vector>
 
 #include "specdec/core/error.hpp"
 #include "specdec/core/views.hpp"
+#include "specdec/detail/memory.hpp"
 
 namespace specdec {
 
-//! A float32 KV cache with a fixed capacity, laid out as, for each layer, keys [capacity, kv_dim]
-//! then values [capacity, kv_dim], row-major (row p = position p in the cache).
+//! A float32 KV cache of up to `capacity` positions, laid out as, for each layer, keys
+//! [reserved, kv_dim] then values [reserved, kv_dim], row-major (row p = position p).
 //!
 //! Positions [0, size()) are committed. A backend's forward reserves room for its batch with
 //! `append`, then writes the batch's rows through `keys` / `values`. Satisfies `kv_cache`.
-//! All memory is allocated at construction; no operation after that allocates.
+//! Memory is allocated on demand: construction allocates nothing, `append` grows the rows held
+//! in memory (`reserved()`) when a batch needs more, to at least twice as many (within the
+//! capacity), and `reserve` grows them ahead. Growing checks the memory it needs first and
+//! throws `errc::out_of_memory` saying how much; it moves the stored rows, so pointers from
+//! `keys` / `values` are valid until the next `append` or `reserve`. Nothing else allocates.
 class contiguous_cache {
  public:
   //! An empty cache with no layers and no capacity.
   contiguous_cache() = default;
 
-  //! A cache for `n_layers` layers of `kv_dim` floats per position, holding `capacity` positions.
-  //! Throws `errc::invalid_argument` when a dimension is zero or the total size overflows.
+  //! A cache for `n_layers` layers of `kv_dim` floats per position, holding up to `capacity`
+  //! positions (none in memory yet). Throws `errc::invalid_argument` when a dimension is zero or
+  //! the size at full capacity overflows.
   contiguous_cache(std::size_t n_layers, std::size_t kv_dim, std::size_t capacity)
       : n_layers_(n_layers), kv_dim_(kv_dim), capacity_(capacity) {
     SPECDEC_CHECK(n_layers > 0 && kv_dim > 0 && capacity > 0, invalid_argument,
@@ -38,9 +44,13 @@ class contiguous_cache {
     SPECDEC_CHECK(kv_dim <= limit / capacity && 2 * n_layers <= limit / (kv_dim * capacity),
                   invalid_argument, "contiguous_cache: ", n_layers, " layers x ", capacity,
                   " positions x ", kv_dim, " floats is too large");
-    layer_stride_ = 2 * capacity_ * kv_dim_;
-    data_.assign(n_layers_ * layer_stride_, 0.0f);
   }
+
+  contiguous_cache(contiguous_cache&&) noexcept = default;
+  contiguous_cache& operator=(contiguous_cache&&) noexcept = default;
+  contiguous_cache(contiguous_cache const&) = delete;
+  contiguous_cache& operator=(contiguous_cache const&) = delete;
+  ~contiguous_cache() = default;
 
   //! Number of positions stored.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
@@ -48,6 +58,34 @@ class contiguous_cache {
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   //! Positions that can still be appended.
   [[nodiscard]] std::size_t room() const noexcept { return capacity_ - size_; }
+  //! Positions held in memory (at most the capacity): rows of `keys` / `values`.
+  [[nodiscard]] std::size_t reserved() const noexcept { return reserved_; }
+  //! Bytes the cache takes for `positions` positions held in memory.
+  [[nodiscard]] std::uint64_t bytes_for(std::size_t positions) const noexcept {
+    return std::uint64_t{2} * n_layers_ * kv_dim_ * positions * sizeof(float);
+  }
+
+  //! Holds at least min(`positions`, capacity()) positions in memory, keeping the stored ones.
+  //! Checks the memory first: throws `errc::out_of_memory` (saying how much) and leaves the cache
+  //! unchanged when it is not available.
+  void reserve(std::size_t positions) {
+    positions = std::min(positions, capacity_);
+    if (positions <= reserved_) return;
+    std::size_t const stride = 2 * positions * kv_dim_;
+    std::unique_ptr<float[]> data = detail::allocate_checked(
+        bytes_for(positions), "contiguous_cache",
+        detail::concat("a KV cache of ", positions, " positions (", n_layers_, " layers x 2 x ",
+                       kv_dim_, " floats per position)"),
+        [&] { return std::make_unique<float[]>(n_layers_ * stride); });  // zeroed
+    std::size_t const row_bytes = kv_dim_ * sizeof(float);
+    for (std::size_t l = 0; l < n_layers_ && size_ > 0; ++l) {
+      std::memcpy(data.get() + l * stride, keys(l), size_ * row_bytes);
+      std::memcpy(data.get() + l * stride + positions * kv_dim_, values(l), size_ * row_bytes);
+    }
+    data_ = std::move(data);
+    reserved_ = positions;
+    layer_stride_ = stride;
+  }
   //! Whether no position is stored.
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   //! Number of layers.
@@ -111,31 +149,36 @@ class contiguous_cache {
   }
 
   //! Reserves `count` positions after the stored ones and returns the first of them; their rows
-  //! are then written by the caller through `keys` / `values`. Throws `errc::context_overflow`
-  //! (leaving the cache unchanged) when they do not fit.
+  //! are then written by the caller through `keys` / `values`. Grows the rows held in memory when
+  //! they do not suffice (to at least twice as many, within the capacity; see `reserve`). Throws
+  //! `errc::context_overflow` when the positions do not fit the capacity and
+  //! `errc::out_of_memory` when growing fails, leaving the cache unchanged.
   std::size_t append(std::size_t count) {
     SPECDEC_CHECK(count <= room(), context_overflow, "contiguous_cache: appending ", count,
                   " positions to ", size_, " would exceed the capacity of ", capacity_);
+    if (size_ + count > reserved_) reserve(std::max(size_ + count, 2 * reserved_));
     std::size_t const first = size_;
     size_ += count;
     return first;
   }
 
-  //! Keys of layer `layer`: [capacity, kv_dim] row-major (rows >= size() hold no entry). Unchecked.
+  //! Keys of layer `layer`: [reserved, kv_dim] row-major (rows >= size() hold no entry), valid
+  //! until the cache grows. Unchecked.
   [[nodiscard]] float* keys(std::size_t layer) noexcept {
-    return data_.data() + layer * layer_stride_;
+    return data_.get() + layer * layer_stride_;
   }
-  //! Values of layer `layer`: [capacity, kv_dim] row-major. Unchecked.
+  //! Values of layer `layer`: [reserved, kv_dim] row-major, valid until the cache grows.
+  //! Unchecked.
   [[nodiscard]] float* values(std::size_t layer) noexcept {
-    return data_.data() + layer * layer_stride_ + capacity_ * kv_dim_;
+    return data_.get() + layer * layer_stride_ + reserved_ * kv_dim_;
   }
-  //! Read-only keys of layer `layer`: [capacity, kv_dim] row-major. Unchecked.
+  //! Read-only keys of layer `layer`: [reserved, kv_dim] row-major. Unchecked.
   [[nodiscard]] float const* keys(std::size_t layer) const noexcept {
-    return data_.data() + layer * layer_stride_;
+    return data_.get() + layer * layer_stride_;
   }
-  //! Read-only values of layer `layer`: [capacity, kv_dim] row-major. Unchecked.
+  //! Read-only values of layer `layer`: [reserved, kv_dim] row-major. Unchecked.
   [[nodiscard]] float const* values(std::size_t layer) const noexcept {
-    return data_.data() + layer * layer_stride_ + capacity_ * kv_dim_;
+    return data_.get() + layer * layer_stride_ + reserved_ * kv_dim_;
   }
 
   //! The stored keys of `layer` as a view: [size, kv_dim]. Throws `errc::out_of_range` for a bad
@@ -161,9 +204,10 @@ class contiguous_cache {
   std::size_t kv_dim_ = 0;
   std::size_t capacity_ = 0;
   std::size_t size_ = 0;
-  std::size_t unchanged_ = 0;     // see unchanged_rows()
-  std::size_t layer_stride_ = 0;  // floats per layer: keys then values
-  std::vector<float> data_;       // [n_layers][2][capacity][kv_dim]
+  std::size_t unchanged_ = 0;      // see unchanged_rows()
+  std::size_t reserved_ = 0;       // positions held in memory
+  std::size_t layer_stride_ = 0;   // floats per layer: keys then values
+  std::unique_ptr<float[]> data_;  // [n_layers][2][reserved][kv_dim]
 };
 
 }  // namespace specdec

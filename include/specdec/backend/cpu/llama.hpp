@@ -32,6 +32,7 @@
 #include "specdec/core/error.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/core/types.hpp"
+#include "specdec/detail/memory.hpp"
 #include "specdec/kv/contiguous_cache.hpp"
 #include "specdec/model/llama_weights.hpp"
 
@@ -41,7 +42,10 @@ namespace specdec {
 struct cpu_llama_options {
   //! Threads for the matrix products and attention (the calling thread included).
   std::size_t threads = 2;
-  //! Positions the KV cache holds and the largest position + 1 accepted; 0 = the model's seq_len.
+  //! Positions the KV cache can hold and the largest position + 1 accepted; 0 = the model's
+  //! seq_len. It may exceed seq_len (the context the model was trained on), where the output is
+  //! whatever the model makes of positions it has not seen. Memory grows with the positions in use,
+  //! not with this limit.
   std::size_t max_context = 0;
   //! Batch rows the activation buffers are sized for at construction; larger batches grow them
   //! once (the only allocation a forward may do).
@@ -64,8 +68,14 @@ struct cpu_llama_options {
 //! `forward` scores a batch of tokens against its own `contiguous_cache` with the request's
 //! visibility mask (tree attention) and appends the batch's keys and values to the cache in batch
 //! order. The weights are shared (read-only) and can back several models, each with its own
-//! cache; for example a self-speculative draft that skips layers. One forward at a time per model;
-//! after the first forward of a given batch size a forward does not allocate.
+//! cache; for example a self-speculative draft that skips layers. One forward at a time per model.
+//!
+//! Memory that grows with the context (the KV cache, its transposed copy, the RoPE table, the
+//! attention scratch) is allocated on demand: a forward that needs more positions than are held
+//! grows them to at least twice as many (within `max_context()`), and `reserve` grows them ahead,
+//! as the decoders do for a request's positions. Growing checks the memory it needs first and
+//! throws `errc::out_of_memory` saying how much. Once the positions and the batch size in use are
+//! held, a forward does not allocate.
 class cpu_llama {
  public:
   //! A model over `weights` (which must outlive nothing: the model shares ownership). Throws
@@ -96,33 +106,13 @@ class cpu_llama {
                     "cpu_llama: threads is ", options.threads, ", need 1 to 1024");
       pool_ = thread_pool::shared(options.threads);
     }
-    cache_ = contiguous_cache(n_layers_, kv_dim_, max_context_);
-
-    // RoPE angles, [max_context, head_size / 2] (cos, sin) pairs, computed in double.
-    rope_.resize(max_context_ * head_size_);
-    double const theta = static_cast<double>(c.rope_theta);
-    for (std::size_t p = 0; p < max_context_; ++p) {
-      for (std::size_t i = 0; i < head_size_; i += 2) {
-        double const freq =
-            std::pow(theta, -static_cast<double>(i) / static_cast<double>(head_size_));
-        double const angle = static_cast<double>(p) * freq;
-        rope_[p * head_size_ + i] = static_cast<float>(std::cos(angle));
-        rope_[p * head_size_ + i + 1] = static_cast<float>(std::sin(angle));
-      }
-    }
-    lcap_ = (max_context_ + 15) / 16 * 16;
+    cache_ = contiguous_cache(n_layers_, kv_dim_, max_context_);  // allocates nothing yet
     std::size_t const chunk = detail::cpu::value_chunk;
     if (chunk != 0 && head_size_ % chunk == 0)
       heads_per_task_ =
           std::max<std::size_t>(1, detail::cpu::max_value_accumulators / (head_size_ / chunk));
     heads_per_task_ = std::min(heads_per_task_, n_heads_);
-    scores_per_thread_ = (transposed_heads() ? 1 : heads_per_task_) * lcap_;
-    scores_.resize(pool_->size() * scores_per_thread_);
-    if (transposed_heads()) {
-      kt_ = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap_);
-      vt_ = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap_);
-      transposed_rows_.assign(n_layers_, 0);
-    }
+    if (transposed_heads()) transposed_rows_.assign(n_layers_, 0);
     if (matrix_bytes() <= options.pack_limit) pack();
     grow(std::max<std::size_t>(1, options.batch_capacity));
   }
@@ -135,8 +125,58 @@ class cpu_llama {
 
   //! Vocabulary size (logits per row).
   [[nodiscard]] std::size_t vocab_size() const noexcept { return vocab_; }
-  //! Positions the cache holds; every request position must be below it.
+  //! Positions the cache can hold; every request position must be below it.
   [[nodiscard]] std::size_t max_context() const noexcept { return max_context_; }
+  //! Positions the context buffers (KV cache, transposed copy, RoPE table) hold in memory now.
+  [[nodiscard]] std::size_t reserved() const noexcept { return rows_; }
+
+  //! Bytes the context buffers take for `positions` positions: the KV cache, its transposed copy
+  //! (AVX-512 builds, heads of 8), the RoPE table and the attention scratch.
+  [[nodiscard]] std::uint64_t context_bytes(std::size_t positions) const noexcept {
+    std::uint64_t const rows = round_rows(positions);
+    std::uint64_t floats = rows * head_size_;                                     // RoPE
+    floats += pool_->size() * (transposed_heads() ? 1 : heads_per_task_) * rows;  // scores
+    if (transposed_heads()) floats += 2 * n_layers_ * kv_dim_ * rows;
+    return cache_.bytes_for(positions) + floats * sizeof(float);
+  }
+
+  //! Holds min(`positions`, max_context()) positions in memory (see the class comment), keeping
+  //! the cache's contents. Checks the memory first and throws `errc::out_of_memory` ("a context
+  //! of N positions needs X: ... but only Y is available"), changing nothing, when it is not there.
+  void reserve(std::size_t positions) {
+    positions = std::min(positions, max_context_);
+    if (positions <= rows_) return;
+    std::uint64_t const extra = context_bytes(positions) - context_bytes(rows_);
+    detail::check_memory(
+        extra, "cpu_llama",
+        detail::concat("a context of ", positions, " positions (KV cache of ", n_layers_,
+                       " layers x 2 x ", kv_dim_, " floats per position",
+                       transposed_heads() ? ", kept twice" : "", ", RoPE table, scratch)"));
+    cache_.reserve(positions);
+    detail::allocate_checked(extra, "cpu_llama", "the RoPE table and attention scratch", [&] {
+      // Everything is allocated before anything changes.
+      std::size_t const lcap = round_rows(positions);
+      std::size_t const per_thread = (transposed_heads() ? 1 : heads_per_task_) * lcap;
+      std::vector<float> scores(pool_->size() * per_thread);
+      detail::cpu::aligned_floats kt, vt;
+      if (transposed_heads()) {
+        kt = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap);
+        vt = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap);
+      }
+      rope_.reserve(positions * head_size_);
+      grow_rope(positions);
+      scores_ = std::move(scores);
+      scores_per_thread_ = per_thread;
+      if (transposed_heads()) {
+        // A new layout: the copies are refreshed from the cache by the next forward.
+        kt_ = std::move(kt);
+        vt_ = std::move(vt);
+        transposed_rows_.assign(n_layers_, 0);
+      }
+      lcap_ = lcap;
+    });
+    rows_ = positions;
+  }
   //! Width of the residual stream (hidden rows).
   [[nodiscard]] std::size_t hidden_size() const noexcept { return dim_; }
   //! Number of transformer layers.
@@ -170,6 +210,9 @@ class cpu_llama {
   void forward(forward_request const& req, forward_result& out) {
     validate(req);
     std::size_t const n = req.tokens.size();
+    std::size_t needed = cache_.size() + n;  // cache rows, and RoPE rows for every position
+    for (position_t p : req.positions) needed = std::max(needed, static_cast<std::size_t>(p) + 1);
+    if (needed > rows_) reserve(std::max(needed, 2 * rows_));
     if (n > batch_capacity_) grow(n);
     std::size_t const m = req.logits_rows.empty() ? n : req.logits_rows.size();
     out.vocab = vocab_;
@@ -224,6 +267,28 @@ class cpu_llama {
       for (std::size_t i = 0; i < n; ++i)
         SPECDEC_CHECK(req.visible(i, i), invalid_argument, "cpu_llama::forward: mask row ", i,
                       " does not let token ", i, " see itself");
+    }
+  }
+
+  // Rows of the position-indexed buffers (a score row, the transposed copies) for `positions`.
+  [[nodiscard]] static std::size_t round_rows(std::size_t positions) noexcept {
+    return (positions + 15) / 16 * 16;
+  }
+
+  // Extends the RoPE table to `positions` rows: [positions, head_size / 2] (cos, sin) pairs,
+  // each computed in double from its position alone.
+  void grow_rope(std::size_t positions) {
+    std::size_t const from = rope_.size() / head_size_;
+    rope_.resize(positions * head_size_);
+    double const theta = static_cast<double>(weights_->config.rope_theta);
+    for (std::size_t p = from; p < positions; ++p) {
+      for (std::size_t i = 0; i < head_size_; i += 2) {
+        double const freq =
+            std::pow(theta, -static_cast<double>(i) / static_cast<double>(head_size_));
+        double const angle = static_cast<double>(p) * freq;
+        rope_[p * head_size_ + i] = static_cast<float>(std::cos(angle));
+        rope_[p * head_size_ + i + 1] = static_cast<float>(std::sin(angle));
+      }
     }
   }
 
@@ -690,7 +755,8 @@ class cpu_llama {
   std::size_t dim_ = 0, hidden_dim_ = 0, n_layers_ = 0, n_heads_ = 0, n_kv_heads_ = 0;
   std::size_t head_size_ = 0, kv_dim_ = 0, vocab_ = 0, max_context_ = 0;
   std::size_t batch_capacity_ = 0;
-  std::size_t lcap_ = 0;               // max_context rounded up to 16: a score row's room
+  std::size_t rows_ = 0;               // positions the context buffers hold (see reserved())
+  std::size_t lcap_ = 0;               // rows_ rounded up to 16: a score row's room
   std::size_t heads_per_task_ = 1;     // heads of one attention task (any head size)
   std::size_t scores_per_thread_ = 0;  // floats of score rows per thread
   std::size_t visible_rows_ = 0;       // max over the batch of visible_end_
@@ -698,7 +764,7 @@ class cpu_llama {
   std::size_t q_ld_ = 0;
   std::vector<packed_layer> packed_;              // [n_layers] or empty (weights used in place)
   detail::cpu::packed_matrix packed_classifier_;  // [vocab, dim] when packed
-  std::vector<float> rope_;                       // [max_context, head_size]: (cos, sin) per pair
+  std::vector<float> rope_;                       // [rows, head_size]: (cos, sin) per pair
   std::vector<float> scores_;       // [threads, heads_per_task, lcap] attention scratch
   detail::cpu::aligned_floats kt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed keys
   detail::cpu::aligned_floats vt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed values

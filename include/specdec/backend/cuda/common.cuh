@@ -129,7 +129,8 @@ class device_buffer {
  public:
   //! An empty buffer (no allocation).
   device_buffer() noexcept = default;
-  //! A buffer of `count` elements (uninitialised). Throws `specdec::error` when cudaMalloc fails.
+  //! A buffer of `count` elements (uninitialised). Throws `specdec::error` when cudaMalloc fails
+  //! (`errc::out_of_memory` when the device has not enough memory).
   explicit device_buffer(std::size_t count) { resize(count); }
   ~device_buffer() { release(); }
   device_buffer(device_buffer const&) = delete;
@@ -159,7 +160,13 @@ class device_buffer {
     release();
     if (count == 0) return;
     void* p = nullptr;
-    SPECDEC_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+    cudaError_t const err = cudaMalloc(&p, count * sizeof(T));
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      SPECDEC_THROW(out_of_memory, "device_buffer: cudaMalloc of ", count * sizeof(T),
+                    " bytes failed: out of device memory");
+    }
+    SPECDEC_CUDA_CHECK(err);
     data_ = static_cast<T*>(p);
     size_ = count;
   }

@@ -15,6 +15,7 @@
 #include "specdec/backend/cuda/common.cuh"
 #include "specdec/backend/cuda/tree.cuh"
 #include "specdec/core/error.hpp"
+#include "specdec/detail/memory.hpp"
 
 namespace specdec {
 
@@ -35,6 +36,19 @@ class cuda_kv_cache {
     SPECDEC_CHECK(capacity <= static_cast<std::size_t>(INT32_MAX), out_of_range,
                   "cuda_kv_cache: capacity ", capacity, " exceeds 2^31 - 1");
     std::size_t const plane = capacity * static_cast<std::size_t>(kv_dim);
+    // The cache is sized for its whole capacity at once: check that the device can hold it
+    // before allocating, and say how much it needs.
+    std::size_t const bytes = plane * 2 * static_cast<std::size_t>(n_layers) * sizeof(float);
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      SPECDEC_CHECK(bytes <= free_bytes, out_of_memory, "cuda_kv_cache: a KV cache of ", capacity,
+                    " positions (", n_layers, " layers x 2 x ", kv_dim,
+                    " floats per position) needs ", detail::byte_text(bytes),
+                    " of device memory but only ", detail::byte_text(free_bytes), " of ",
+                    detail::byte_text(total_bytes), " is free; give the model a smaller context");
+    } else {
+      (void)cudaGetLastError();  // no device information: cudaMalloc reports the failure
+    }
     data_.resize(plane * 2 * static_cast<std::size_t>(n_layers));
     std::vector<float*> planes(2 * static_cast<std::size_t>(n_layers));
     for (std::size_t p = 0; p < planes.size(); ++p) planes[p] = data_.data() + p * plane;
