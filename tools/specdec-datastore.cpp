@@ -96,7 +96,8 @@ void declare(CLI::App& app, raw_options& r) {
       ->default_val("0")
       ->group(sources);
   app.add_option("--generate-tokens", r.generate_tokens,
-                 "tokens per generated document (ends early at EOS)")
+                 "tokens per generated document (ends early at the end of a text: BOS or EOS for "
+                 "llama2.c models)")
       ->type_name("L")
       ->default_val("256")
       ->group(sources);
@@ -164,10 +165,16 @@ std::optional<options> parse(int argc, char** argv) {
   o.temperature = parse_number<float>("--temperature", r.temperature);
   o.top_p = parse_number<float>("--top-p", r.top_p);
   if (o.info) {
-    if (o.model || o.output || !o.text.empty() || !o.jsonl.empty() || o.generate != 0)
-      throw usage_error("--info takes no other option");
+    for (CLI::Option const* opt : app.get_options())
+      if (opt->count() > 0 && opt->get_name() != "--info")
+        throw usage_error("--info takes no other option (" + opt->get_name() + " given)");
     return o;
   }
+  // Options that would change nothing are refused, naming what they apply to.
+  for (char const* name : {"--generate-tokens", "--temperature", "--top-p", "--seed", "--threads"})
+    if (given(name) && o.generate == 0)
+      throw usage_error(std::string(name) + " applies to --generate only");
+  if (given("--field") && o.jsonl.empty()) throw usage_error("--field applies to --jsonl only");
   if (!o.model) throw usage_error("--model is required (its tokenizer and vocabulary)");
   if (!o.output) throw usage_error("--output is required");
   if (o.text.empty() && o.jsonl.empty() && o.generate == 0)
@@ -273,10 +280,11 @@ int build(options const& o) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error("cannot read '" + path + "'");
     std::string line;
-    std::size_t number = 0;
+    std::size_t number = 0, lines = 0, with_field = 0;
     while (std::getline(in, line)) {
       ++number;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      ++lines;
       std::vector<std::string> values;
       try {
         values = field_strings(line, o.field);
@@ -285,11 +293,16 @@ int build(options const& o) {
                                  ": malformed JSON: " + e.what());
       }
       if (values.empty()) ++skipped;
+      if (!values.empty()) ++with_field;
       for (auto const& v : values) {
         add_text(v);
         ++jsonl_docs;
       }
     }
+    if (lines > 0 && with_field == 0)
+      throw std::runtime_error(path + ": none of its " + std::to_string(lines) +
+                               " lines has a string field '" + o.field +
+                               "' (choose the field with --field)");
   }
   if (o.generate != 0) {
     sd::cpu_llama model(weights, {.threads = o.threads});

@@ -1,19 +1,23 @@
 // specdec-generate: speculative generation on the CPU with a choice of strategy (the table in
 // tools/generate/strategies.hpp), streaming the text as tokens are committed, then a statistics
 // table; --compare adds the autoregressive baseline and the speedup, --json prints one JSON object
-// instead. See docs/generate.md and --help.
+// instead, --stream-json a JSON line per token then that object, --report a picture of the run.
+// See docs/generate.md and --help.
 //
 // Exit status: 0 on success; 2 for a bad command line (tools/generate/options.hpp); 1 for a
 // failure at run time (a specdec::error or any other exception), each with a one-line message on
 // stderr.
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -24,11 +28,13 @@
 
 #include "generate/option.hpp"
 #include "generate/options.hpp"
+#include "generate/picture.hpp"
 #include "generate/report.hpp"
 #include "generate/strategies.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/model/load.hpp"
+#include "specdec/model/mapped_file.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/sampling/policy.hpp"
 
@@ -121,12 +127,172 @@ class text_stream {
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
 
-//! One JSON document on stdout; invalid UTF-8 (byte-fallback tokens can split a character)
-//! becomes U+FFFD.
+//! One JSON value on one line of stdout; invalid UTF-8 (byte-fallback tokens can split a
+//! character) becomes U+FFFD.
 void print_json(nlohmann::ordered_json const& j) {
   std::string const text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
+}
+
+//! The log-probability of `token` under the softmax of `logits`, and the `top` most likely tokens
+//! of the row with theirs (ties: the lower id first), as --logprobs reports them.
+nlohmann::ordered_json logprobs_json(sd::tokenizer const& tok, std::span<float const> logits,
+                                     sd::token_id token, std::size_t top) {
+  float const hi = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - static_cast<double>(hi));
+  double const lse = static_cast<double>(hi) + std::log(sum);
+  auto const logprob = [&](sd::token_id t) {
+    return static_cast<double>(logits[static_cast<std::size_t>(t)]) - lse;
+  };
+  nlohmann::ordered_json o;
+  o["logprob"] = logprob(token);
+  nlohmann::ordered_json& list = o["top"] = nlohmann::ordered_json::array();
+  std::vector<sd::token_id> ids(logits.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<sd::token_id>(i);
+  std::size_t const n = std::min(top, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                    [&](sd::token_id a, sd::token_id b) {
+                      float const la = logits[static_cast<std::size_t>(a)];
+                      float const lb = logits[static_cast<std::size_t>(b)];
+                      return la > lb || (la == lb && a < b);
+                    });
+  for (std::size_t i = 0; i < n; ++i) {
+    nlohmann::ordered_json e;
+    e["token"] = ids[i];
+    e["text"] = std::string(tok.decode(sd::no_token, ids[i]));
+    e["logprob"] = logprob(ids[i]);
+    list.push_back(std::move(e));
+  }
+  return o;
+}
+
+//! What the observed run (the first one) records and streams: the text or one JSON line per
+//! token as tokens are committed, the tokens' log-probabilities, and each step for --report.
+class observation {
+ public:
+  observation(option_values const& v, sd::tokenizer const& tok, std::string const& prompt_text,
+              sd::token_id last_prompt_token)
+      : tok_(&tok),
+        text_(tok, prompt_text, last_prompt_token),
+        previous_(last_prompt_token),
+        text_mode_(!v.flag(opt::json) && !v.flag(opt::stream_json)),
+        stream_json_(v.flag(opt::stream_json)),
+        logprobs_(v.given(opt::logprobs)),
+        top_(static_cast<std::size_t>(v.count(opt::logprobs))),
+        steps_(v.given(opt::report)) {}
+
+  //! The observer of the first run.
+  sd::request_observer observer() {
+    sd::request_observer o;
+    o.on_token = [this](sd::token_event const& e) { return on_token(e); };
+    if (steps_) o.on_step = [this](sd::step_event const& e) { on_step(e); };
+    return o;
+  }
+
+  //! Ends the streamed text (the prompt alone when no token came).
+  void finish() {
+    if (text_mode_) text_.finish();
+    std::fflush(stdout);
+  }
+
+  //! Each generated token's --logprobs member, in order.
+  [[nodiscard]] nlohmann::ordered_json const& logprobs() const noexcept { return logprobs_json_; }
+
+  //! Every step for --report, with the tokens each committed (`emitted`).
+  [[nodiscard]] std::vector<step_record> steps() const {
+    std::vector<step_record> out = records_;
+    if (out.empty())  // the baseline: one token per step, nothing drafted
+      out.resize(emitted_.size());
+    for (std::size_t i = 0; i < out.size() && i < emitted_.size(); ++i)
+      out[i].emitted = emitted_[i];
+    return out;
+  }
+
+ private:
+  bool on_token(sd::token_event const& e) {
+    if (text_mode_) (void)text_(e.token);
+    nlohmann::ordered_json lp;
+    if (logprobs_) {
+      lp = logprobs_json(*tok_, e.logits, e.token, top_);
+      nlohmann::ordered_json entry;
+      entry["token"] = e.token;
+      entry["text"] = std::string(tok_->decode(previous_, e.token));
+      entry["logprob"] = lp["logprob"];
+      entry["top"] = lp["top"];
+      logprobs_json_.push_back(std::move(entry));
+    }
+    if (stream_json_) {
+      nlohmann::ordered_json line;
+      line["event"] = "token";
+      line["index"] = e.index;
+      line["token"] = e.token;
+      line["text"] = std::string(tok_->decode(previous_, e.token));
+      line["step"] = e.step;
+      line["depth"] = e.depth;
+      line["drafted"] = e.drafted;
+      if (logprobs_) {
+        line["logprob"] = lp["logprob"];
+        line["top"] = lp["top"];
+      }
+      print_json(line);
+      std::fflush(stdout);
+    }
+    if (emitted_.size() <= e.step) emitted_.resize(e.step + 1, 0);
+    ++emitted_[e.step];
+    previous_ = e.token;
+    return true;
+  }
+
+  void on_step(sd::step_event const& e) { records_.push_back(record_step(*e.tree, *e.result)); }
+
+  sd::tokenizer const* tok_;
+  text_stream text_;
+  sd::token_id previous_;
+  bool text_mode_, stream_json_, logprobs_;
+  std::size_t top_;
+  bool steps_;
+  nlohmann::ordered_json logprobs_json_ = nlohmann::ordered_json::array();
+  std::vector<std::size_t> emitted_;  // [step] tokens committed
+  std::vector<step_record> records_;
+};
+
+//! Writes the --report picture of `out` to `path` (.svg or .html).
+void write_report(std::string const& path, run_output const& out, std::vector<step_record> steps,
+                  option_values const& v, sd::tokenizer const& tok) {
+  run_picture p;
+  sd::request_stats const& s = out.result.stats;
+  p.title = out.description;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "verifier: %s; %zu tokens in %zu steps; mean accepted length %.2f; acceptance "
+                "rate %.1f%%",
+                out.verifier.c_str(), s.generated, s.steps, s.mean_accepted_length(),
+                100.0 * s.acceptance_rate());
+  p.subtitle = buf;
+  p.acceptance_by_depth = acceptance_by_depth(s);
+  p.drafted_at_depth = s.drafted_at_depth;
+  p.steps = std::move(steps);
+  p.shown_step = default_shown_step(p.steps);
+  if (v.given(opt::report_step)) {
+    auto const asked = static_cast<std::size_t>(v.count(opt::report_step));
+    if (asked < p.steps.size()) {
+      p.shown_step = asked;
+    } else {
+      std::fprintf(stderr,
+                   "specdec-generate: warning: --report-step %zu is beyond the run's %zu steps; "
+                   "the report draws step %zu\n",
+                   asked, p.steps.size(), p.shown_step);
+    }
+  }
+  p.text = [&tok](sd::token_id t) { return std::string(tok.decode(sd::no_token, t)); };
+  std::string const doc =
+      std::filesystem::path(path).extension() == ".html" ? render_html(p) : render_svg(p);
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << doc;
+  file.close();
+  if (!file) throw std::runtime_error("--report: cannot write '" + path + "'");
 }
 
 int run(command_line const& cmd) {
@@ -134,13 +300,32 @@ int run(command_line const& cmd) {
   // run time (corrupt files, mismatched vocabularies, a prompt beyond the context).
   option_values const& v = cmd.values;
   strategy const& chosen = *cmd.chosen;
+  sd::file_access const access =
+      v.flag(opt::no_mmap) ? sd::file_access::read : sd::file_access::map;
   auto const weights =
-      std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::model)));
+      std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::model), access));
   sd::tokenizer const tok = load_vocabulary(v);
+
+  // The context: --context may exceed what the model was trained on (its seq_len), with a
+  // warning; the KV cache grows with the positions used, not with the context.
+  auto const trained = static_cast<std::size_t>(weights->config.seq_len);
+  std::size_t const context =
+      v.given(opt::context) ? static_cast<std::size_t>(v.count(opt::context)) : trained;
+  if (context > trained)
+    std::fprintf(stderr,
+                 "specdec-generate: warning: --context %zu is beyond the %zu positions the model "
+                 "was trained on; its output past them may degrade\n",
+                 context, trained);
 
   auto const prompt_file = v.text(opt::prompt_file);
   std::string const prompt_text =
       prompt_file ? read_prompt_file(*prompt_file) : *v.text(opt::prompt);
+  // A prompt that cannot fit the context is refused before it is encoded: every token covers at
+  // most max_token_length() bytes, which bounds its token count from below.
+  std::size_t const at_least = tok.min_tokens(prompt_text, true);
+  SPECDEC_CHECK(at_least <= context, context_overflow, "a prompt of ", prompt_text.size(),
+                " bytes encodes to at least ", at_least, " tokens, more than the context of ",
+                context, " positions");
   std::vector<sd::token_id> const prompt = tok.encode(prompt_text, true);
 
   sd::sampling_params params;
@@ -151,6 +336,7 @@ int run(command_line const& cmd) {
   params.repetition_penalty = v.real(opt::repetition_penalty);
   params.frequency_penalty = v.real(opt::frequency_penalty);
   params.presence_penalty = v.real(opt::presence_penalty);
+  params.penalty_last_n = static_cast<std::size_t>(v.count(opt::repeat_last_n));
 
   // No node cap: each strategy's proposer sets the node budget of its steps.
   sd::decode_config config;
@@ -162,8 +348,7 @@ int run(command_line const& cmd) {
     config.piece = [&tok](sd::token_id p, sd::token_id t) { return std::string(tok.decode(p, t)); };
 
   sd::cpu_llama_options const model_options{
-      .threads = static_cast<std::size_t>(v.count(opt::threads)),
-      .max_context = static_cast<std::size_t>(v.count(opt::context))};
+      .threads = static_cast<std::size_t>(v.count(opt::threads)), .max_context = context};
   sd::cpu_llama target(weights, model_options);
   session s{v,
             weights,
@@ -173,31 +358,46 @@ int run(command_line const& cmd) {
             config,
             sd::sampler(params),
             params.temperature == 0.0f,
-            {}};
-  bool const json = v.flag(opt::json), compare = v.flag(opt::compare);
+            {},
+            std::nullopt,
+            access};
+  if (v.text(opt::verifier).value_or("auto") == "typical")
+    s.typical = sd::typical_acceptance_params{.epsilon = v.real(opt::typical_epsilon),
+                                              .delta = v.real(opt::typical_delta)};
+  bool const json = v.flag(opt::json), stream_json = v.flag(opt::stream_json);
+  bool const compare = v.flag(opt::compare);
   auto const repeat = static_cast<std::size_t>(v.count(opt::repeat));
-  // The callback holds the stream by pointer: the decoder copies the std::function.
-  text_stream stream(tok, prompt_text, prompt.back());
-  if (!json) s.on_token = [&stream](sd::token_id t) { return stream(t); };
 
-  std::vector<run_output> runs{chosen.run(s)};
-  if (!json) stream.finish();
-  s.on_token = {};
-  std::vector<run_output> baselines;
-  if (compare) baselines.push_back(run_autoregressive(s));
-  // --repeat: further runs, alternating with the baseline's, so that both see the same machine.
-  for (std::size_t r = 1; r < repeat; ++r) {
-    runs.push_back(chosen.run(s));
-    if (compare) baselines.push_back(run_autoregressive(s));
+  // The first run streams and is observed. With --compare or --repeat it is a warm-up, and the
+  // timed runs follow (the baseline's warm-up, then the request and the baseline alternately, so
+  // that both see the same machine); else it is the measurement.
+  observation obs(v, tok, prompt_text, prompt.back());
+  s.observer = obs.observer();
+  run_output first = chosen.run(s);
+  obs.finish();
+  s.observer = {};
+  std::vector<run_output> runs, baselines;
+  std::size_t warmup = 0;
+  if (!compare && repeat == 1) {
+    runs.push_back(std::move(first));
+  } else {
+    warmup = 1;
+    if (compare) (void)run_autoregressive(s);
+    for (std::size_t r = 0; r < repeat; ++r) {
+      runs.push_back(chosen.run(s));
+      if (compare) baselines.push_back(run_autoregressive(s));
+    }
   }
+  timing const times = summarize_timing(runs, baselines, warmup);
   run_output const out = median_run(std::move(runs));
 
   std::optional<comparison> cmp;
   if (compare) cmp = compare_runs(out, median_run(std::move(baselines)), s.greedy);
   comparison const* const c = cmp ? &*cmp : nullptr;
 
-  if (json) {
+  if (json || stream_json) {
     nlohmann::ordered_json j;
+    if (stream_json) j["event"] = "done";
     j["strategy"] = chosen.name;
     j["description"] = out.description;
     j["verifier"] = out.verifier;
@@ -207,7 +407,9 @@ int run(command_line const& cmd) {
     j["tokens"] = out.result.tokens;
     j["finish_reason"] = sd::to_string(out.result.reason);
     j["stats"] = stats_json(out, c);
+    j["timing"] = timing_json(times);
     j["repeat"] = repeat;
+    if (v.given(opt::logprobs)) j["logprobs"] = obs.logprobs();
     if (c != nullptr) {
       auto const& b = c->baseline.result;
       nlohmann::ordered_json& base = j["baseline"];
@@ -218,12 +420,14 @@ int run(command_line const& cmd) {
     }
     print_json(j);
   } else {
-    print_table(stdout, out, c);
-    if (repeat > 1)
-      std::printf("  (timings: the run of median time of %zu%s)\n", repeat,
-                  c != nullptr ? ", for each, run alternately" : "");
+    print_table(stdout, out, c, &times);
+    if (warmup > 0)
+      std::printf("  (timings: the run of median time of %zu%s, after a warm-up run%s)\n", repeat,
+                  c != nullptr ? ", for each, run alternately" : "",
+                  c != nullptr ? " of each" : "");
   }
   std::fflush(stdout);
+  if (auto const file = v.text(opt::report)) write_report(*file, out, obs.steps(), v, tok);
   return 0;
 }
 
@@ -247,6 +451,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "specdec-generate: %s (see --help)\n", one_line(e.what()).c_str());
     return 2;
+  } catch (std::bad_alloc const&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "specdec-generate: out of memory (an allocation failed)\n");
+    return 1;
   } catch (std::exception const& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "specdec-generate: %s\n", one_line(e.what()).c_str());

@@ -210,6 +210,10 @@ int main(int argc, char** argv) {
     usage_error("unknown format '" + fmt + "'");
   }
   if (tokenizer_path && !gguf) usage_error("--tokenizer only applies to GGUF output");
+  for (char const* name : {"--rope-theta", "--rms-eps"})
+    if (given(name) && !gguf)
+      usage_error(std::string(name) +
+                  " only applies to GGUF output (llama2.c files do not store it)");
 
   try {
     c.validate("specdec-randmodel");

@@ -128,6 +128,15 @@ TEST_CASE("datastore: command-line errors exit 2 with one line") {
               "--temperature expects a number");
   check_error(with_model({"--generate", "1", "--threads", "0", "--output", out}), 2,
               "--threads must be at least 1");
+  // Options that would change nothing are refused, naming what they apply to.
+  for (char const* option :
+       {"--generate-tokens", "--temperature", "--top-p", "--seed", "--threads"})
+    check_error(with_model({"--jsonl", text, "--output", out, option, "1"}), 2,
+                std::string(option) + " applies to --generate only");
+  check_error(with_model({"--generate", "1", "--field", "story", "--output", out}), 2,
+              "--field applies to --jsonl only");
+  check_error({"--info", out, "--tokenizer", tools_test::vocab()}, 2,
+              "--info takes no other option (--tokenizer given)");
 }
 
 TEST_CASE("datastore: run-time errors exit 1 with one line") {
@@ -142,6 +151,12 @@ TEST_CASE("datastore: run-time errors exit 1 with one line") {
   check_error(with_model({"--text", "/nonexistent/file.txt", "--output", out}), 1,
               "cannot read '/nonexistent/file.txt'");
   check_error({"--info", "/nonexistent/store.sdrest"}, 1, "specdec");
+  // A JSONL file none of whose lines has the field: the field is named, not "no text".
+  tools_test::write_file(bad, "{\"story\": \"a\"}\n\n{\"story\": \"b\"}\n");
+  check_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
+              bad.string() +
+                  ": none of its 2 lines has a string field 'text' (choose the field "
+                  "with --field)");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

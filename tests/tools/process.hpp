@@ -1,13 +1,15 @@
 #pragma once
 // Runs a program with arguments (no shell), capturing its exit status, stdout and stderr through
-// files in a per-process temporary directory.
+// files in a per-process temporary directory, and its wall time and peak resident memory.
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -21,9 +23,11 @@ namespace tools_test {
 
 //! What a finished process left behind.
 struct process_result {
-  int status = -1;  //!< exit status, or -1 when it did not exit normally
-  std::string out;  //!< everything written to stdout
-  std::string err;  //!< everything written to stderr
+  int status = -1;       //!< exit status, or -1 when it did not exit normally
+  std::string out;       //!< everything written to stdout
+  std::string err;       //!< everything written to stderr
+  long max_rss_kib = 0;  //!< the largest resident memory it (or a child it waited for) reached
+  double seconds = 0.0;  //!< wall time from start to exit
 };
 
 //! A directory for this test process's files, created on first use, removed at exit.
@@ -56,9 +60,10 @@ inline void write_file(std::filesystem::path const& path, std::string const& con
   out << content;
 }
 
-//! Runs `program` with `args` and waits for it.
-inline process_result run_process(std::string const& program,
-                                  std::vector<std::string> const& args) {
+//! Runs `program` with `args` and waits for it; `env` entries ("NAME=value") are added to the
+//! environment.
+inline process_result run_process(std::string const& program, std::vector<std::string> const& args,
+                                  std::vector<std::string> const& env = {}) {
   static int counter = 0;
   std::string const stem = (scratch_dir() / ("run" + std::to_string(counter++))).string();
   std::string const out_path = stem + ".out", err_path = stem + ".err";
@@ -74,13 +79,22 @@ inline process_result run_process(std::string const& program,
                                    0644);
   posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (auto const& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  auto const start = std::chrono::steady_clock::now();
   pid_t pid = 0;
-  int const rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  int const rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   REQUIRE_MESSAGE(rc == 0, "cannot start " << program);
   int wstatus = 0;
-  REQUIRE(::waitpid(pid, &wstatus, 0) == pid);
+  struct rusage usage {};
+  REQUIRE(::wait4(pid, &wstatus, 0, &usage) == pid);
   process_result r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.max_rss_kib = usage.ru_maxrss;
   r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
   r.out = read_file(out_path);
   r.err = read_file(err_path);

@@ -122,6 +122,12 @@ TEST_CASE("randmodel: command-line errors exit 2 with one line") {
                     "unknown format 'onnx'");
   check_usage_error({"--preset", "stories260K", "--tokenizer", tools_test::vocab(), "-o", out},
                     "--tokenizer only applies to GGUF output");
+  // Options that a llama2.c file cannot store would do nothing: refused.
+  check_usage_error({"--preset", "stories260K", "--rope-theta", "500000", "-o", out},
+                    "--rope-theta only applies to GGUF output");
+  check_usage_error(
+      {"--preset", "stories260K", "--rms-eps", "1e-6", "--format", "llama2c-v1", "-o", out},
+      "--rms-eps only applies to GGUF output");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

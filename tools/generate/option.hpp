@@ -35,7 +35,7 @@ enum class value_kind {
   count,   //!< a non-negative integer within [count_lo, count_hi]
   real,    //!< a finite number within [real_lo, real_hi] (or (real_lo, real_hi] when open_low)
   text,    //!< any text
-  file,    //!< the path of an existing regular file
+  file,    //!< the path of an existing regular file (not a directory)
   layers,  //!< non-negative layer numbers separated by commas, e.g. "2" or "1,3"
 };
 
@@ -55,6 +55,7 @@ struct option_spec {
   float real_lo = -std::numeric_limits<float>::infinity();  //!< real: smallest (see open_low)
   float real_hi = std::numeric_limits<float>::infinity();   //!< real: largest
   bool open_low = false;                                    //!< real: real_lo itself is excluded
+  bool open_high = false;                                   //!< real: real_hi itself is excluded
   float real_default = 0.0f;   //!< real: the value when the option is not given
   bool repeatable = false;     //!< may be given more than once (each value kept, in order)
   bool required = false;       //!< must be given (with the strategy that declares it)
@@ -73,7 +74,7 @@ struct option_spec {
     if (!low && !high) return {};
     if (!high) return (open_low ? "> " : ">= ") + number_text(real_lo);
     return std::string("in ") + (open_low ? "(" : "[") + number_text(real_lo) + ", " +
-           number_text(real_hi) + "]";
+           number_text(real_hi) + (open_high ? ")" : "]");
   }
 
   //! The default as --help shows it, or empty.
@@ -118,7 +119,8 @@ inline std::uint64_t parse_count(option_spec const& spec, std::string_view text)
 //! A real within the spec's domain.
 inline float parse_real(option_spec const& spec, std::string_view text) {
   float const v = parse_number<float>(spec.flag, text);
-  if (v < spec.real_lo || v > spec.real_hi || (spec.open_low && v == spec.real_lo))
+  if (v < spec.real_lo || v > spec.real_hi || (spec.open_low && v == spec.real_lo) ||
+      (spec.open_high && v == spec.real_hi))
     out_of_domain(spec, text);
   return v;
 }
@@ -163,7 +165,13 @@ inline option_value parse_value(option_spec const& spec, std::vector<std::string
       return raw;
     case value_kind::file: {
       std::error_code ec;
-      if (!std::filesystem::is_regular_file(raw.front(), ec))
+      auto const status = std::filesystem::status(raw.front(), ec);
+      if (std::filesystem::is_directory(status))
+        throw usage_error(std::string(spec.flag) + ": '" + raw.front() +
+                          "' is a directory, not a file");
+      if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+        throw usage_error(std::string(spec.flag) + ": '" + raw.front() + "' is not a regular file");
+      if (!std::filesystem::is_regular_file(status))
         throw usage_error(std::string(spec.flag) + ": no such file '" + raw.front() + "'");
       return raw;
     }

@@ -10,14 +10,18 @@
 // 3. a value that is not a number or lies outside its domain;
 // 4. no model; no prompt or two; a required option of the strategy missing; --temp > 0 with a
 //    greedy-only strategy; an option that applies to sampling only (`sampling_only`: --top-k,
-//    --top-p, --min-p, --seed) at --temp 0, where it cannot change the output (the penalties do
-//    change greedy decoding and apply at any temperature); the strategy's own checks;
+//    --top-p, --min-p, --seed; --verifier typical) at --temp 0, where it cannot change the output
+//    (the penalties do change greedy decoding and apply at any temperature); an option that needs
+//    another (`check_general`: --repeat-last-n a penalty, --logprobs JSON output, --report-step
+//    --report, the typical verifier's parameters --verifier typical; --json and --stream-json
+//    exclude each other); the strategy's own checks;
 // 5. a file that does not exist.
 
 #include <CLI/CLI.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -61,6 +65,11 @@ inline constexpr option_spec context{.flag = "--context",
                                      .default_text = "the model's seq_len",
                                      .count_lo = 1,
                                      .count_hi = std::uint64_t{1} << 24};
+inline constexpr option_spec no_mmap{
+    .flag = "--no-mmap",
+    .help =
+        "read the model files into memory instead of mapping them (a mapped file must not "
+        "change while in use: truncating it kills the process with SIGBUS)"};
 inline constexpr option_spec strategy{.flag = "--strategy",
                                       .value_name = "NAME",
                                       .kind = value_kind::text,
@@ -120,6 +129,38 @@ inline constexpr option_spec presence_penalty{
     .kind = value_kind::real,
     .help = "subtracted from the logit of every token present in the history (0 = off)",
     .real_default = 0.0f};
+inline constexpr option_spec repeat_last_n{
+    .flag = "--repeat-last-n",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "the penalties count only the last N tokens (0 = the whole history); needs a penalty",
+    .count_lo = 0,
+    .count_hi = std::uint64_t{1} << 24,
+    .count_default = 0};
+inline constexpr option_spec verifier{
+    .flag = "--verifier",
+    .value_name = "NAME",
+    .kind = value_kind::text,
+    .help =
+        "'auto' (lossless: the verifier the strategy and temperature call for) or 'typical' "
+        "(Medusa's typical acceptance: lossy, longer accepted paths)",
+    .default_text = "auto"};
+inline constexpr option_spec typical_epsilon{
+    .flag = "--typical-epsilon",
+    .value_name = "E",
+    .kind = value_kind::real,
+    .help = "typical acceptance: accept p(x) > min(E, D exp(-H(p))); needs --verifier typical",
+    .real_lo = 0.0f,
+    .real_hi = 1.0f,
+    .open_high = true,
+    .real_default = 0.09f};
+inline constexpr option_spec typical_delta{
+    .flag = "--typical-delta",
+    .value_name = "D",
+    .kind = value_kind::real,
+    .help = "typical acceptance: the entropy-scaled threshold D; needs --verifier typical",
+    .real_lo = 0.0f,
+    .real_default = 0.3f};
 inline constexpr option_spec seed{.flag = "--seed",
                                   .value_name = "S",
                                   .kind = value_kind::count,
@@ -149,8 +190,11 @@ inline constexpr option_spec stop{.flag = "--stop",
                                   .help = "stop once the output contains TEXT",
                                   .repeatable = true,
                                   .non_empty = true};
-inline constexpr option_spec ignore_eos{.flag = "--ignore-eos",
-                                        .help = "do not stop at the end-of-sequence token"};
+inline constexpr option_spec ignore_eos{
+    .flag = "--ignore-eos",
+    .help =
+        "do not stop at the model's end-of-text tokens (llama2.c models: BOS and EOS; GGUF: EOS, "
+        "end of turn, end of message)"};
 
 inline constexpr option_spec compare{
     .flag = "--compare",
@@ -162,14 +206,44 @@ inline constexpr option_spec repeat{
     .value_name = "N",
     .kind = value_kind::count,
     .help =
-        "run the request (and with --compare the baseline, alternately) N times and report "
-        "the run of median time of each; the text shown is the first run's",
+        "time N runs of the request (with --compare, N of the baseline too, alternately), after "
+        "one warm-up run of each, and report the median and the spread (min-max) of each; "
+        "the text shown is the warm-up run's",
     .count_lo = 1,
     .count_hi = 1000,
     .count_default = 1};
 inline constexpr option_spec json{
     .flag = "--json",
     .help = "print one JSON object instead of text and table: text, tokens, stats"};
+inline constexpr option_spec stream_json{
+    .flag = "--stream-json",
+    .help =
+        "print one JSON line per committed token (its step, its depth in the draft, drafted "
+        "or bonus) as it is committed, then one line with what --json prints"};
+inline constexpr option_spec logprobs{
+    .flag = "--logprobs",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help =
+        "with --json or --stream-json: each generated token's log-probability under the "
+        "target's logits, and the N most likely tokens of its row",
+    .count_lo = 0,
+    .count_hi = 64,
+    .count_default = 0};
+inline constexpr option_spec report{
+    .flag = "--report",
+    .value_name = "FILE",
+    .kind = value_kind::text,
+    .help =
+        "write a picture of the run to FILE.svg or FILE.html (self-contained): acceptance by "
+        "depth, tokens per step, the draft tree of one step",
+    .non_empty = true};
+inline constexpr option_spec report_step{
+    .flag = "--report-step",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "the step whose draft tree --report draws (0 = the first)",
+    .default_text = "the step with the longest accepted path, then the largest tree"};
 
 }  // namespace opt
 
@@ -183,7 +257,7 @@ struct option_group {
 //! The general options by group.
 namespace general_options {
 inline constexpr option_spec const* model[] = {&opt::model, &opt::tokenizer, &opt::threads,
-                                               &opt::context};
+                                               &opt::context, &opt::no_mmap};
 inline constexpr option_spec const* sampling[] = {&opt::temperature,
                                                   &opt::top_k,
                                                   &opt::top_p,
@@ -191,10 +265,16 @@ inline constexpr option_spec const* sampling[] = {&opt::temperature,
                                                   &opt::repetition_penalty,
                                                   &opt::frequency_penalty,
                                                   &opt::presence_penalty,
-                                                  &opt::seed};
+                                                  &opt::repeat_last_n,
+                                                  &opt::seed,
+                                                  &opt::verifier,
+                                                  &opt::typical_epsilon,
+                                                  &opt::typical_delta};
 inline constexpr option_spec const* generation[] = {
     &opt::prompt, &opt::prompt_file, &opt::max_new_tokens, &opt::stop, &opt::ignore_eos};
-inline constexpr option_spec const* output[] = {&opt::compare, &opt::repeat, &opt::json};
+inline constexpr option_spec const* output[] = {&opt::compare,     &opt::repeat,   &opt::json,
+                                                &opt::stream_json, &opt::logprobs, &opt::report,
+                                                &opt::report_step};
 }  // namespace general_options
 
 //! The general options' groups, in --help order (the strategy group, --strategy and the
@@ -310,6 +390,43 @@ inline std::string help_text() {
   return out;
 }
 
+//! The rules between general options, each an option that would otherwise do nothing or
+//! contradict another: refused, naming what it needs.
+inline void check_general(std::map<std::string_view, std::vector<std::string>> const& raw,
+                          option_values const& v, generate::strategy const& chosen) {
+  auto const given = [&](option_spec const& o) { return raw.contains(o.flag); };
+  if (given(opt::json) && given(opt::stream_json))
+    throw usage_error("give --json or --stream-json, not both");
+  if (given(opt::logprobs) && !given(opt::json) && !given(opt::stream_json))
+    throw usage_error("--logprobs applies to --json and --stream-json output only");
+  bool const penalties = v.real(opt::repetition_penalty) != 1.0f ||
+                         v.real(opt::frequency_penalty) != 0.0f ||
+                         v.real(opt::presence_penalty) != 0.0f;
+  if (given(opt::repeat_last_n) && !penalties)
+    throw usage_error(
+        "--repeat-last-n applies to the penalties only: give --repetition-penalty, "
+        "--frequency-penalty or --presence-penalty");
+  std::string const verifier = v.text(opt::verifier).value_or("auto");
+  if (verifier != "auto" && verifier != "typical")
+    throw usage_error("unknown verifier '" + verifier + "' (auto, typical)");
+  if (verifier == "typical" && v.real(opt::temperature) == 0.0f)
+    throw usage_error(
+        "--verifier typical applies to sampling only (--temp > 0): at --temp 0 it accepts "
+        "what greedy verification accepts");
+  if (verifier == "typical" && chosen.name == "autoregressive")
+    throw usage_error("--verifier applies to speculative strategies only (not autoregressive)");
+  for (option_spec const* o : {&opt::typical_epsilon, &opt::typical_delta})
+    if (given(*o) && verifier != "typical")
+      throw usage_error(std::string(o->flag) + " applies to --verifier typical only");
+  if (given(opt::report_step) && !given(opt::report))
+    throw usage_error("--report-step applies to --report only");
+  if (auto const file = v.text(opt::report)) {
+    auto const ext = std::filesystem::path(*file).extension();
+    if (ext != ".svg" && ext != ".html")
+      throw usage_error("--report: '" + *file + "' must end in .svg or .html");
+  }
+}
+
 //! Parses and checks argv (program name first), in the order of the file comment. Returns with
 //! `help` set, and nothing else checked, when -h/--help is given.
 inline command_line parse_command_line(int argc, char const* const* argv) {
@@ -409,6 +526,7 @@ inline command_line parse_command_line(int argc, char const* const* argv) {
         throw usage_error(std::string(o->flag) +
                           " applies to sampling only (--temp > 0): at --temp 0 decoding is "
                           "greedy and it cannot change the output");
+  check_general(raw, v, chosen);
   if (chosen.check != nullptr) chosen.check(v);
 
   // 5. Files.

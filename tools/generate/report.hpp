@@ -40,6 +40,63 @@ inline run_output median_run(std::vector<run_output> runs) {
   return std::move(*mid);
 }
 
+//! A throughput over timed runs: the median run's and the spread (min-max).
+struct spread {
+  double median = 0.0;  //!< tokens/s of the run of median time (`median_run`)
+  double min = 0.0;     //!< the slowest run's tokens/s
+  double max = 0.0;     //!< the fastest run's tokens/s
+};
+
+//! The timed runs of a request and of its baseline (--repeat, --compare): how many, after how
+//! many untimed warm-up runs of each, and the median and the spread of each one's throughput.
+struct timing {
+  std::size_t runs = 1;                              //!< timed runs of each
+  std::size_t warmup = 0;                            //!< untimed warm-up runs of each before them
+  spread tokens_per_second;                          //!< the request's
+  std::optional<spread> baseline_tokens_per_second;  //!< the baseline's (--compare)
+  //! The speedup: the ratio of the medians, and its spread over the pairs of runs made one
+  //! after the other (--compare).
+  std::optional<spread> speedup;
+};
+
+//! The throughputs of `runs` (not empty) as a spread around the run of median time.
+inline spread throughput_spread(std::vector<run_output> const& runs) {
+  spread s;
+  s.median = median_run(runs).result.stats.tokens_per_second();
+  s.min = s.max = s.median;
+  for (run_output const& r : runs) {
+    s.min = std::min(s.min, r.result.stats.tokens_per_second());
+    s.max = std::max(s.max, r.result.stats.tokens_per_second());
+  }
+  return s;
+}
+
+//! The timing of `runs` and, when not empty, of `baselines` (one per run, made alternately).
+inline timing summarize_timing(std::vector<run_output> const& runs,
+                               std::vector<run_output> const& baselines, std::size_t warmup) {
+  timing t;
+  t.runs = runs.size();
+  t.warmup = warmup;
+  t.tokens_per_second = throughput_spread(runs);
+  if (!baselines.empty()) {
+    t.baseline_tokens_per_second = throughput_spread(baselines);
+    spread sp;
+    sp.median = t.baseline_tokens_per_second->median > 0.0
+                    ? t.tokens_per_second.median / t.baseline_tokens_per_second->median
+                    : 0.0;
+    bool first = true;
+    for (std::size_t i = 0; i < runs.size() && i < baselines.size(); ++i) {
+      double const b = baselines[i].result.stats.tokens_per_second();
+      double const r = b > 0.0 ? runs[i].result.stats.tokens_per_second() / b : 0.0;
+      sp.min = first ? r : std::min(sp.min, r);
+      sp.max = first ? r : std::max(sp.max, r);
+      first = false;
+    }
+    t.speedup = sp;
+  }
+  return t;
+}
+
 //! Compares `run` with its baseline; `greedy` says whether identical outputs are required.
 inline comparison compare_runs(run_output const& run, run_output baseline, bool greedy) {
   comparison c{std::move(baseline), std::nullopt, std::nullopt};
@@ -88,8 +145,10 @@ std::string format(char const* fmt, Args... args) {
 
 }  // namespace detail
 
-//! Prints the statistics table of `run` (and of the comparison) to `f`.
-inline void print_table(std::FILE* f, run_output const& run, comparison const* cmp) {
+//! Prints the statistics table of `run` (and of the comparison, and of the timed runs when there
+//! were several or a warm-up) to `f`.
+inline void print_table(std::FILE* f, run_output const& run, comparison const* cmp,
+                        timing const* t = nullptr) {
   using detail::format;
   using detail::row;
   sd::request_stats const& s = run.result.stats;
@@ -119,8 +178,15 @@ inline void print_table(std::FILE* f, run_output const& run, comparison const* c
   }
   row(f, "mean accepted length",
       format("%.2f tokens per step (accepted + 1)", s.mean_accepted_length()));
+  bool const spreads = t != nullptr && (t->runs > 1 || t->warmup > 0);
+  auto const spread_row = [&](spread const& sp, char const* what) {
+    row(f, "",
+        format("%s of %zu runs%s; min-max %.1f-%.1f tokens/s", what, t->runs,
+               t->warmup > 0 ? " after a warm-up run" : "", sp.min, sp.max));
+  };
   row(f, "throughput",
       format("%.1f tokens/s (%.2f ms in all)", s.tokens_per_second(), 1e3 * s.total_seconds));
+  if (spreads) spread_row(t->tokens_per_second, "median");
   double const total = s.total_seconds;
   double const other = total - s.prefill_seconds - s.propose_seconds - s.score_seconds -
                        s.verify_seconds - s.commit_seconds;
@@ -136,7 +202,14 @@ inline void print_table(std::FILE* f, run_output const& run, comparison const* c
     row(f, "baseline",
         format("autoregressive: %zu tokens, %.1f tokens/s (%.2f ms in all)", b.generated,
                b.tokens_per_second(), 1e3 * b.total_seconds));
-    row(f, "speedup", format("%.2fx", cmp->speedup(s)));
+    if (spreads && t->baseline_tokens_per_second)
+      spread_row(*t->baseline_tokens_per_second, "median");
+    if (spreads && t->speedup)
+      row(f, "speedup",
+          format("%.2fx (ratio of the medians; per pair of runs %.2f-%.2fx)", cmp->speedup(s),
+                 t->speedup->min, t->speedup->max));
+    else
+      row(f, "speedup", format("%.2fx", cmp->speedup(s)));
     if (cmp->identical.has_value()) {
       row(f, "outputs identical",
           *cmp->identical
@@ -146,6 +219,28 @@ inline void print_table(std::FILE* f, run_output const& run, comparison const* c
       row(f, "outputs identical", "not expected (sampling; both follow the same distribution)");
     }
   }
+}
+
+//! A spread as JSON: {"median", "min", "max"}.
+inline nlohmann::ordered_json spread_json(spread const& s) {
+  nlohmann::ordered_json o;
+  o["median"] = s.median;
+  o["min"] = s.min;
+  o["max"] = s.max;
+  return o;
+}
+
+//! The "timing" member of --json: the timed runs, the warm-up runs, and the median and spread of
+//! each throughput (and of the speedup with --compare).
+inline nlohmann::ordered_json timing_json(timing const& t) {
+  nlohmann::ordered_json o;
+  o["runs"] = t.runs;
+  o["warmup_runs"] = t.warmup;
+  o["tokens_per_second"] = spread_json(t.tokens_per_second);
+  if (t.baseline_tokens_per_second)
+    o["baseline_tokens_per_second"] = spread_json(*t.baseline_tokens_per_second);
+  if (t.speedup) o["speedup"] = spread_json(*t.speedup);
+  return o;
 }
 
 //! The "stats" member of --json.

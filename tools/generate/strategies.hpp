@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +40,7 @@
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
+#include "specdec/model/mapped_file.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
@@ -49,6 +51,7 @@
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
+#include "specdec/verify/typical_acceptance.hpp"
 
 namespace generate {
 
@@ -62,7 +65,8 @@ struct run_output {
 };
 
 //! What every strategy runs against: the parsed options, the loaded target, the prompt, the
-//! decode configuration and sampling policy, and the streaming callback (empty for --json).
+//! decode configuration and sampling policy, the verifier asked for, and what observes the run
+//! (the streamed text, --stream-json, --logprobs, --report; empty for timed runs).
 struct session {
   option_values const& values;                       //!< every option given
   std::shared_ptr<sd::llama_weights const> weights;  //!< the target's weights
@@ -72,17 +76,27 @@ struct session {
   sd::decode_config config;              //!< stops, length, seed (no node cap)
   sd::sampler policy;                    //!< the sampling policy of every row
   bool greedy = true;                    //!< temperature 0
-  sd::token_callback on_token;           //!< called per committed token, or empty
+  sd::request_observer observer;         //!< per committed token and per step, or empty
+  //! --verifier typical: typical acceptance with these parameters instead of the lossless
+  //! verifier the strategy and temperature call for.
+  std::optional<sd::typical_acceptance_params> typical;
+  sd::file_access access = sd::file_access::map;  //!< how model files are read (--no-mmap)
 };
 
 //! Runs one request with `proposer` and `verifier`; the decoder takes the node budget of each
-//! step from the proposer (`max_nodes()`).
+//! step from the proposer (`max_nodes()`). With --verifier typical, the typical acceptance
+//! verifier replaces `verifier`.
 template <class Proposer, class Verifier>
 run_output run_speculative(session& s, Proposer& proposer, Verifier verifier,
                            std::string description, std::string verifier_name) {
+  if constexpr (!std::is_same_v<Verifier, sd::typical_acceptance_verifier>) {
+    if (s.typical)
+      return run_speculative(s, proposer, sd::typical_acceptance_verifier(*s.typical),
+                             std::move(description), "typical acceptance (lossy)");
+  }
   sd::speculative_decoder decoder(s.target, proposer, std::move(verifier), s.policy, s.config);
   run_output out{{}, std::move(description), std::move(verifier_name)};
-  decoder.generate(s.prompt, out.result, s.on_token);
+  decoder.generate(s.prompt, out.result, s.observer);
   return out;
 }
 
@@ -128,6 +142,23 @@ inline constexpr option_spec draft_model{
     .kind = value_kind::file,
     .help = "the draft model (llama2.c or GGUF, the target's vocabulary)",
     .required = true};
+//! draft: the draft model's threads.
+inline constexpr option_spec draft_threads{.flag = "--draft-threads",
+                                           .value_name = "N",
+                                           .kind = value_kind::count,
+                                           .help = "CPU threads of the draft model's forwards",
+                                           .default_text = "--threads",
+                                           .count_lo = 1,
+                                           .count_hi = 1024};
+//! draft: the draft model's context.
+inline constexpr option_spec draft_context{
+    .flag = "--draft-context",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "positions of the draft model's cache (past them it drafts nothing)",
+    .default_text = "the target's context",
+    .count_lo = 1,
+    .count_hi = std::uint64_t{1} << 24};
 //! draft, layer-skip, jacobi: the chain's length.
 inline constexpr option_spec chain_length{.flag = "-k",
                                           .value_name = "N",
@@ -319,15 +350,22 @@ inline std::string chain_description(sd::draft_model_config const& c) {
 inline run_output run_autoregressive(session& s) {
   sd::autoregressive_decoder decoder(s.target, s.policy, s.config);
   run_output out{{}, "autoregressive", "none"};
-  decoder.generate(s.prompt, out.result, s.on_token);
+  decoder.generate(s.prompt, out.result, s.observer);
   return out;
 }
 
 //! draft: a separate draft model drafts a chain of k tokens per step.
 inline run_output run_draft(session& s) {
-  auto const weights =
-      std::make_shared<sd::llama_weights const>(sd::load_model(*s.values.text(opt::draft_model)));
-  sd::cpu_llama draft(weights, s.model_options);
+  auto const weights = std::make_shared<sd::llama_weights const>(
+      sd::load_model(*s.values.text(opt::draft_model), s.access));
+  sd::cpu_llama_options options = s.model_options;
+  if (s.values.given(opt::draft_threads)) {
+    options.threads = static_cast<std::size_t>(s.values.count(opt::draft_threads));
+    options.pool = nullptr;
+  }
+  if (s.values.given(opt::draft_context))
+    options.max_context = static_cast<std::size_t>(s.values.count(opt::draft_context));
+  sd::cpu_llama draft(weights, options);
   sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
     sd::draft_model_proposer<sd::cpu_llama, sd::sampler, M> proposer(draft, s.target, s.policy,
@@ -432,8 +470,9 @@ struct strategy {
 
 //! The options of each strategy.
 namespace strategy_options {
-inline constexpr option_spec const* draft[] = {&opt::draft_model, &opt::chain_length,
-                                               &opt::adaptive, &opt::k_max, &opt::confidence};
+inline constexpr option_spec const* draft[] = {
+    &opt::draft_model, &opt::chain_length,  &opt::adaptive,     &opt::k_max,
+    &opt::confidence,  &opt::draft_threads, &opt::draft_context};
 inline constexpr option_spec const* layer_skip[] = {&opt::skip_layers, &opt::chain_length,
                                                     &opt::adaptive, &opt::k_max, &opt::confidence};
 inline constexpr option_spec const* prompt_lookup[] = {&opt::lookup_depth, &opt::lookup_branches,
