@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # specdec's set-up and entry points on a fresh Debian machine.
 #   bash tools/run.sh generate [flags...]  builds the release preset and runs speculative
-#                                          generation on the stories260K fixture with statistics
-#   bash tools/run.sh test                 builds the dev preset and runs every test
-# Installs the Debian packages it needs when they are missing (needs root or sudo).
+#                                          generation on the stories260K fixture with statistics;
+#                                          flags are added to the default run's (a flag given
+#                                          replaces the default of the same flag)
+#   bash tools/run.sh test [ctest args...] builds what the dev preset's tests need and runs them
+# Installs the Debian packages it needs when they are missing (needs root or sudo). Build output
+# goes to stderr, so that stdout holds only the program's output (`generate --json | jq` works).
+# SPECDEC_PRESET chooses another configure preset for `generate` (default: release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ libeigen3-dev xtensor-dev doctest-dev libbenchmark-dev libcli11-dev
-  nlohmann-json3-dev)
+  nlohmann-json3-dev python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -17,8 +21,8 @@ if ((${#missing[@]})); then
   echo "specdec: installing ${missing[*]}" >&2
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+  $sudo_cmd apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >&2
 fi
 
 shared="$(cd .. && pwd)/shared"
@@ -26,34 +30,56 @@ export SPECDEC_MODEL_DIR="${SPECDEC_MODEL_DIR:-$shared/models}"
 export SPECDEC_DATA_DIR="${SPECDEC_DATA_DIR:-$shared/data}"
 jobs="${SPECDEC_JOBS:-$(nproc)}"
 
+# Whether the arguments "$2"... name the flag "$1" (as "--flag" or "--flag=value").
+given() {
+  local flag="$1" a
+  shift
+  for a in "$@"; do
+    [[ "$a" == "$flag" || "$a" == "$flag="* ]] && return 0
+  done
+  return 1
+}
+
 cmd="${1:-test}"
 shift || true
 case "$cmd" in
   test)
-    cmake --preset dev >/dev/null
-    cmake --build --preset dev -j "$jobs"
+    # What the tests run (specdec_test_deps: the test programs, the tools and examples they run);
+    # the benchmarks and the CUDA objects no test runs here are built by .ci/run's own step.
+    cmake --preset dev >&2
+    cmake --build --preset dev -j "$jobs" --target specdec_test_deps >&2
     ctest --preset dev -j "$jobs" "$@"
     ;;
   generate)
-    cmake --preset release >/dev/null
-    cmake --build --preset release -j "$jobs" --target specdec-generate
-    if (($#)); then
-      build/release/tools/specdec-generate "$@"
-    else
-      # Speculative generation with the draft model trained for the fixture (self-speculation by
-      # layer skipping when it is not there), the autoregressive baseline, and the statistics;
-      # timings from the median of 5 alternating runs of each (one run lasts a few milliseconds).
+    preset="${SPECDEC_PRESET:-release}"
+    cmake --preset "$preset" >&2
+    cmake --build --preset "$preset" -j "$jobs" --target specdec-generate >&2
+    # The default run: speculative generation with the draft model trained for the fixture
+    # (self-speculation by layer skipping when it is not there), the autoregressive baseline, and
+    # the statistics, timed over 5 alternating runs of each after a warm-up (one run lasts a few
+    # milliseconds). Each flag given replaces its default: --model also the default tokenizer,
+    # --prompt-file the default prompt, --strategy the default strategy and its options.
+    defaults=()
+    if ! given --model "$@"; then
+      defaults+=(--model "$SPECDEC_MODEL_DIR/stories260K.bin")
+      given --tokenizer "$@" || defaults+=(--tokenizer "$SPECDEC_MODEL_DIR/tok512.bin")
+    fi
+    if ! given --strategy "$@"; then
       draft=tools/draft/stories_draft.bin
       if [ -f "$draft" ]; then
-        strategy=(--strategy draft --draft "$draft" -k 3)
+        given --draft "$@" || defaults+=(--strategy draft --draft "$draft")
       else
         echo "specdec: $draft not found; showing layer-skip self-speculation instead" >&2
-        strategy=(--strategy layer-skip --skip-layers 2 -k 3)
+        defaults+=(--strategy layer-skip)
+        given --skip-layers "$@" || defaults+=(--skip-layers 2)
       fi
-      build/release/tools/specdec-generate --model "$SPECDEC_MODEL_DIR/stories260K.bin" \
-        --tokenizer "$SPECDEC_MODEL_DIR/tok512.bin" "${strategy[@]}" \
-        --prompt "Once upon a time" -n 200 --compare --repeat 5
+      given -k "$@" || defaults+=(-k 3)
     fi
+    given --prompt "$@" || given --prompt-file "$@" || defaults+=(--prompt "Once upon a time")
+    given -n "$@" || defaults+=(-n 200)
+    given --compare "$@" || defaults+=(--compare)
+    given --repeat "$@" || defaults+=(--repeat 5)
+    exec "build/$preset/tools/specdec-generate" "${defaults[@]}" "$@"
     ;;
   *)
     echo "usage: bash tools/run.sh {test|generate} [args...]" >&2
