@@ -450,13 +450,7 @@ TEST_CASE("gguf: load_gguf rejects what it cannot run") {
   gguf_file const f(good);
   auto const bad = dir.file("bad.gguf");
   // Offsets of a string value and of tensor-info fields, found by searching the header bytes.
-  auto const find = [&](std::string_view s) {
-    for (std::size_t i = 0; i + s.size() <= bytes.size(); ++i) {
-      if (std::memcmp(bytes.data() + i, s.data(), s.size()) == 0) return i;
-    }
-    FAIL("not found: ", s);
-    return std::size_t{0};
-  };
+  auto const find = [&](std::string_view s) { return test::find_bytes(bytes, s); };
 
   SUBCASE("another architecture") {
     auto b = bytes;
@@ -547,12 +541,7 @@ TEST_CASE("gguf: overlapping tensors, unused tensors and non-finite weights are 
   auto const bytes = test::read_bytes(good);
   gguf_file const f(good);
   auto const bad = dir.file("bad.gguf");
-  auto const find = [&](std::string_view s) {
-    for (std::size_t i = 0; i + s.size() <= bytes.size(); ++i)
-      if (std::memcmp(bytes.data() + i, s.data(), s.size()) == 0) return i;
-    FAIL("not found: ", s);
-    return std::size_t{0};
-  };
+  auto const find = [&](std::string_view s) { return test::find_bytes(bytes, s); };
   // The file offset of a 2-dimensional tensor's data offset field: name, n_dims, ne[2], type.
   auto const offset_field = [&](std::string_view name) {
     return find(name) + name.size() + 4 + 16 + 4;

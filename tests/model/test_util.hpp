@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace specdec::test {
@@ -41,6 +42,14 @@ template <class T>
 void poke(std::vector<std::byte>& bytes, std::size_t offset, T value) {
   REQUIRE(offset + sizeof(T) <= bytes.size());
   std::memcpy(bytes.data() + offset, &value, sizeof(T));
+}
+
+//! The offset of the first occurrence of `text` in `bytes`; fails the test when there is none.
+inline std::size_t find_bytes(std::vector<std::byte> const& bytes, std::string_view text) {
+  for (std::size_t i = 0; i + text.size() <= bytes.size(); ++i)
+    if (std::memcmp(bytes.data() + i, text.data(), text.size()) == 0) return i;
+  FAIL("not found: ", text);
+  return 0;
 }
 
 template <class T>

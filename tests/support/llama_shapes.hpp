@@ -59,6 +59,19 @@ inline specdec::llama_config vocab_300() {
           .seq_len = 32};
 }
 
+// A small model with a wide KV cache: 64 layers of 64 floats per key and value (32 KiB per
+// position), so that 2^24 positions, the largest context the CPU backend accepts, would take
+// 512 GiB for the cache alone: a context no test machine can hold.
+inline specdec::llama_config wide_cache() {
+  return {.dim = 64,
+          .hidden_dim = 32,
+          .n_layers = 64,
+          .n_heads = 8,
+          .n_kv_heads = 8,
+          .vocab_size = 512,
+          .seq_len = 16};
+}
+
 // The CPU backend's shape: grouped-query attention (6 heads over 2), odd sizes that leave tile
 // remainders, and by default an untied classifier.
 inline specdec::llama_config odd_gqa(bool shared_classifier = false) {

@@ -21,6 +21,7 @@
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/random.hpp"
+#include "support/llama_shapes.hpp"
 #include "tools/fixture.hpp"
 #include "tools/generate.hpp"
 #include "tools/process.hpp"
@@ -44,9 +45,7 @@ std::string gguf_with_context(std::uint32_t context) {
   fs::path const path = tools_test::scratch_dir() / ("ctx" + std::to_string(context) + ".gguf");
   auto bytes = specdec::test::read_bytes(model_file("stories260K.gguf"));
   std::string_view const key = "llama.context_length";
-  std::size_t at = 0;
-  while (std::memcmp(bytes.data() + at, key.data(), key.size()) != 0) ++at;
-  at += key.size() + 4;  // the key, then the value's type (uint32)
+  std::size_t const at = specdec::test::find_bytes(bytes, key) + key.size() + 4;  // then the type
   REQUIRE(specdec::test::peek<std::uint32_t>(bytes, at) == 128);
   specdec::test::poke(bytes, at, context);
   specdec::test::write_bytes(path, bytes);
@@ -142,15 +141,8 @@ TEST_CASE("generate: contexts and prompts beyond the model's") {
   // A request whose context the machine cannot hold fails before its first token, saying how
   // much it needs: 64 layers of 64 floats per key and value, 2^24 positions, 512 GiB.
   fs::path const wide_cache = tools_test::scratch_dir() / "wide_cache.bin";
-  specdec::llama_config c;
-  c.dim = 64;
-  c.hidden_dim = 32;
-  c.n_layers = 64;
-  c.n_heads = 8;
-  c.n_kv_heads = 8;
-  c.vocab_size = 512;
-  c.seq_len = 16;
-  specdec::write_llama2c(wide_cache, specdec::make_random_llama(c, 1, 0.1f));
+  specdec::write_llama2c(wide_cache,
+                         specdec::make_random_llama(test_support::shapes::wide_cache(), 1, 0.1f));
   process_result const huge =
       gen_model(wide_cache.string(),
                 once({"--strategy", "autoregressive", "--context", "16777216", "-n", "16777000"}));
@@ -176,14 +168,8 @@ TEST_CASE("generate: messages say what is wrong") {
         std::string::npos);
   // A model whose vocabulary differs from the tokenizer's: named as such, not as truncation.
   fs::path const m600 = tools_test::scratch_dir() / "vocab600.bin";
-  specdec::llama_config c;
-  c.dim = 16;
-  c.hidden_dim = 32;
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
+  specdec::llama_config c = test_support::shapes::vocab_300();
   c.vocab_size = 600;
-  c.seq_len = 64;
   specdec::write_llama2c(m600, specdec::make_random_llama(c, 2));
   r = gen_model(m600.string(), once({}));
   CHECK(r.status == 1);

@@ -66,20 +66,6 @@ std::vector<float> workload(sd::cpu_llama& m) {
   return all;
 }
 
-// 64 layers of 64 floats per key and value: 32 KiB per position, so 2^24 positions (the largest
-// context cpu_llama accepts) would take 512 GiB for the cache alone.
-sd::llama_config wide_cache() {
-  sd::llama_config c;
-  c.dim = 64;
-  c.hidden_dim = 32;
-  c.n_layers = 64;
-  c.n_heads = 8;
-  c.n_kv_heads = 8;
-  c.vocab_size = 32;
-  c.seq_len = 16;
-  return c;
-}
-
 }  // namespace
 
 TEST_CASE("cpu_llama: the context grows on demand, with identical results") {
@@ -104,7 +90,7 @@ TEST_CASE("cpu_llama: the context grows on demand, with identical results") {
 }
 
 TEST_CASE("cpu_llama: a context the machine cannot hold is refused before allocating") {
-  auto const w = st::random_llama(wide_cache(), 3);
+  auto const w = st::random_llama(test_support::shapes::wide_cache(), 3);
   sd::cpu_llama m(w, {.threads = 1, .max_context = std::size_t{1} << 24});
   std::string const message =
       test_support::expect_error([&] { m.reserve(std::size_t{1} << 24); }, sd::errc::out_of_memory);
