@@ -2,10 +2,11 @@
 //! \file
 //! The umbrella header: everything in specdec except backend/ and interop/.
 //!
-//! It needs only the standard library (and POSIX for the memory-mapped model and datastore
-//! files): the model backends (the CPU one is kept out only to keep the umbrella light; the CUDA
-//! one needs a CUDA compiler) and the adapters for outside containers, which need xtensor, are
-//! included on their own:
+//! It needs only the standard library, nlohmann/json (the JSON of safetensors headers, head
+//! configs and tree files) and POSIX for the memory-mapped model and datastore files: the model
+//! backends (the CPU one is kept out only to keep the umbrella light; the CUDA one needs a CUDA
+//! compiler) and the adapters for outside containers, which need xtensor, are included on their
+//! own:
 //!
 //! ```cpp
 //! #include <specdec/specdec.hpp>              // concepts, sampling, verify, propose, decode, ...
@@ -54,16 +55,19 @@
 // kv/: KV cache layouts.
 #include "specdec/kv/contiguous_cache.hpp"
 
-// model/: model files (llama2.c, GGUF), tokenizers, random models of any shape.
+// model/: model files (llama2.c, GGUF, safetensors), draft heads, tokenizers, random models of any
+// shape.
 #include "specdec/model/binary_io.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/half.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/random.hpp"
+#include "specdec/model/safetensors.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/model/weight_storage.hpp"
 
