@@ -45,12 +45,15 @@
 
 // propose/: one header per drafting strategy.
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
+#include "specdec/propose/medusa.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/rest_datastore.hpp"
+#include "specdec/propose/sparse_tree.hpp"
 
 // kv/: KV cache layouts.
 #include "specdec/kv/contiguous_cache.hpp"
@@ -77,5 +80,6 @@
 #include "specdec/decode/speculative_decoder.hpp"
 
 // reference/: slow, obviously correct versions that tests compare against.
+#include "specdec/reference/heads.hpp"
 #include "specdec/reference/sampling.hpp"
 #include "specdec/reference/verify.hpp"

@@ -480,3 +480,26 @@ TEST_CASE("heads: corrupted head files and configs give specdec::error or load, 
   CHECK(errors > rounds);  // most corruptions are caught
   CHECK(errors + loads == 2 * rounds);
 }
+
+TEST_CASE("heads: random heads of any shape, deterministic in the seed") {
+  medusa_weights const a = make_random_medusa_heads(20, 37, 3, 2, 7, 0.2f);
+  medusa_weights const b = make_random_medusa_heads(20, 37, 3, 2, 7, 0.2f);
+  medusa_weights const c = make_random_medusa_heads(20, 37, 3, 2, 8, 0.2f);
+  REQUIRE(a.heads.size() == 3);
+  CHECK(a.config.num_layers == 2);
+  CHECK(a.dim == 20);
+  CHECK(a.vocab == 37);
+  for (std::size_t i = 0; i < 3; ++i) {
+    REQUIRE(a.heads[i].blocks.size() == 2);
+    CHECK(std::equal(a.heads[i].lm_head, a.heads[i].lm_head + 37 * 20, b.heads[i].lm_head));
+    CHECK(!std::equal(a.heads[i].lm_head, a.heads[i].lm_head + 37 * 20, c.heads[i].lm_head));
+    CHECK(std::isfinite(a.heads[i].blocks[1].bias[19]));
+  }
+  hydra_weights const h = make_random_hydra_heads(20, 37, 4, 3, 7, 0.2f);
+  REQUIRE(h.heads.size() == 4);
+  CHECK(h.heads[3].blocks.size() == 2);
+  CHECK(std::isfinite(h.heads[3].in_weight[20 * h.input_width(3) - 1]));
+  CHECK(std::isfinite(h.heads[3].lm_bias[36]));
+  check_error([] { (void)make_random_hydra_heads(20, 37, 0, 3, 7, 0.2f); }, errc::invalid_argument,
+              "0 heads");
+}

@@ -41,6 +41,7 @@
 #include "specdec/core/error.hpp"
 #include "specdec/model/binary_io.hpp"
 #include "specdec/model/llama_weights.hpp"
+#include "specdec/model/random.hpp"
 #include "specdec/model/safetensors.hpp"
 #include "specdec/model/weight_storage.hpp"
 
@@ -399,6 +400,101 @@ template <class W, class Config>
   return load_hydra_heads(safetensors_file(dir / hydra_heads_file), c,
                           static_cast<std::size_t>(target.dim),
                           static_cast<std::size_t>(target.vocab_size));
+}
+
+namespace detail {
+
+//! Hands out consecutive tensors of one owned buffer, each filled with N(0, stddev^2) values from
+//! its own Philox stream (the tensor's index), as `make_random_llama` fills a model.
+class random_tensor_pool {
+ public:
+  random_tensor_pool(std::size_t floats, std::uint64_t seed, float stddev)
+      : storage_(std::make_shared<weight_storage>()), seed_(seed), stddev_(stddev) {
+    next_ = storage_->allocate(floats);
+    end_ = next_ + floats;
+  }
+  //! The next `count` floats, filled.
+  float const* take(std::size_t count) {
+    SPECDEC_ASSERT(static_cast<std::size_t>(end_ - next_) >= count);
+    float* const p = next_;
+    fill_normal(std::span<float>(p, count), seed_, stream_++, stddev_);
+    next_ += count;
+    return p;
+  }
+  //! The owner of every tensor handed out.
+  [[nodiscard]] std::shared_ptr<void const> storage() const { return storage_; }
+
+ private:
+  std::shared_ptr<weight_storage> storage_;
+  std::uint64_t seed_;
+  float stddev_;
+  std::uint64_t stream_ = 0;
+  float* next_ = nullptr;
+  float* end_ = nullptr;
+};
+
+}  // namespace detail
+
+//! Medusa heads of random weights, every tensor N(0, stddev^2), for a target of hidden size `dim`
+//! and `vocab` tokens: `num_heads` heads of `num_layers` blocks (benchmarks at real shapes, tests
+//! of shapes no trained file has). Deterministic in `seed`.
+[[nodiscard]] inline medusa_weights make_random_medusa_heads(std::size_t dim, std::size_t vocab,
+                                                             std::size_t num_heads,
+                                                             std::size_t num_layers,
+                                                             std::uint64_t seed, float stddev) {
+  SPECDEC_CHECK(dim > 0 && vocab > 0 && num_heads > 0 && num_layers > 0, invalid_argument,
+                "make_random_medusa_heads: dim ", dim, ", vocab ", vocab, ", ", num_heads,
+                " heads, ", num_layers, " layers");
+  medusa_weights w;
+  w.config.num_heads = num_heads;
+  w.config.num_layers = num_layers;
+  w.dim = dim;
+  w.vocab = vocab;
+  detail::random_tensor_pool pool(num_heads * (num_layers * (dim * dim + dim) + vocab * dim), seed,
+                                  stddev);
+  w.heads.resize(num_heads);
+  for (auto& h : w.heads) {
+    for (std::size_t l = 0; l < num_layers; ++l)
+      h.blocks.push_back({pool.take(dim * dim), pool.take(dim)});
+    h.lm_head = pool.take(vocab * dim);
+  }
+  w.storage = pool.storage();
+  return w;
+}
+
+//! Hydra heads of random weights (see `make_random_medusa_heads`).
+[[nodiscard]] inline hydra_weights make_random_hydra_heads(std::size_t dim, std::size_t vocab,
+                                                           std::size_t num_heads,
+                                                           std::size_t num_layers,
+                                                           std::uint64_t seed, float stddev) {
+  SPECDEC_CHECK(dim > 0 && vocab > 0 && num_heads > 0 && num_layers > 0, invalid_argument,
+                "make_random_hydra_heads: dim ", dim, ", vocab ", vocab, ", ", num_heads,
+                " heads, ", num_layers, " layers");
+  hydra_weights w;
+  w.config.num_heads = num_heads;
+  w.config.num_layers = num_layers;
+  w.config.head_arch = "mlp";
+  w.dim = dim;
+  w.vocab = vocab;
+  std::size_t floats = 0;
+  for (std::size_t i = 0; i < num_heads; ++i)
+    floats += 2 * (dim * w.input_width(i) + dim) + (num_layers - 1) * (dim * dim + dim) +
+              vocab * dim + vocab;
+  detail::random_tensor_pool pool(floats, seed, stddev);
+  w.heads.resize(num_heads);
+  for (std::size_t i = 0; i < num_heads; ++i) {
+    auto& h = w.heads[i];
+    h.in_weight = pool.take(dim * w.input_width(i));
+    h.in_bias = pool.take(dim);
+    h.res_weight = pool.take(dim * w.input_width(i));
+    h.res_bias = pool.take(dim);
+    for (std::size_t l = 1; l < num_layers; ++l)
+      h.blocks.push_back({pool.take(dim * dim), pool.take(dim)});
+    h.lm_head = pool.take(vocab * dim);
+    h.lm_bias = pool.take(vocab);
+  }
+  w.storage = pool.storage();
+  return w;
 }
 
 //! A sparse tree's paths as tree.json holds them (the reference's `medusa_choices`): path
