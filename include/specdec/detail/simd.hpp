@@ -285,14 +285,15 @@ template <class V, class Op>
 //! The `row_lanes` logical lanes of `acc` (vector v holds lanes [v simd_width, (v + 1) simd_width))
 //! added by the fixed tree lane l += lane l + 8, then l + 4, l + 2, l + 1: the same additions in
 //! the same order whatever the vector width.
-[[nodiscard]] SPECDEC_INLINE float sum_row_lanes(vfloat const (&acc)[row_vectors]) noexcept {
+template <std::size_t N>
+[[nodiscard]] SPECDEC_INLINE float sum_row_lanes(vfloat const (&acc)[N]) noexcept {
+  static_assert(N == row_vectors && (N == 1 || N == 2 || N == 4));
   auto const add = [](auto a, auto b) { return a + b; };
-  if constexpr (row_vectors == 1) {
+  if constexpr (N == 1) {
     return reduce_lanes(acc[0], add);
-  } else if constexpr (row_vectors == 2) {
+  } else if constexpr (N == 2) {
     return reduce_lanes(acc[0] + acc[1], add);
   } else {
-    static_assert(row_vectors == 4);
     return reduce_lanes((acc[0] + acc[2]) + (acc[1] + acc[3]), add);
   }
 }

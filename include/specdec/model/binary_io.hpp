@@ -27,19 +27,17 @@ namespace detail {
 //! a * b, throwing `errc::bad_file` (naming `where` and `what`) if it overflows 64 bits.
 [[nodiscard]] inline std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b,
                                                std::string_view where, std::string_view what) {
-  std::uint64_t r = 0;
-  SPECDEC_CHECK(!__builtin_mul_overflow(a, b, &r), bad_file, where, ": ", what, " overflows (", a,
-                " * ", b, ")");
-  return r;
+  SPECDEC_CHECK(a == 0 || b <= std::numeric_limits<std::uint64_t>::max() / a, bad_file, where,
+                ": ", what, " overflows (", a, " * ", b, ")");
+  return a * b;
 }
 
 //! a + b, throwing `errc::bad_file` (naming `where` and `what`) if it overflows 64 bits.
 [[nodiscard]] inline std::uint64_t checked_add(std::uint64_t a, std::uint64_t b,
                                                std::string_view where, std::string_view what) {
-  std::uint64_t r = 0;
-  SPECDEC_CHECK(!__builtin_add_overflow(a, b, &r), bad_file, where, ": ", what, " overflows (", a,
-                " + ", b, ")");
-  return r;
+  SPECDEC_CHECK(b <= std::numeric_limits<std::uint64_t>::max() - a, bad_file, where, ": ", what,
+                " overflows (", a, " + ", b, ")");
+  return a + b;
 }
 
 //! A cursor over a byte span that reads little-endian values, throwing `errc::bad_file` (with the

@@ -9,7 +9,7 @@
 
 #include "specdec/core/stats.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <x86intrin.h>
 #endif
 
@@ -24,7 +24,7 @@ namespace specdec::detail {
 //! about half the cost of a steady_clock read; invariant on the processors this library runs on),
 //! steady_clock nanoseconds elsewhere.
 [[nodiscard]] inline std::uint64_t tick_count() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
   return __rdtsc();
 #else
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
