@@ -4,11 +4,13 @@
 // 1. The stories260K fixture: over the 14 prompts of tinystories_prompts.jsonl, 128 new tokens
 //    each, greedy and temperature 1, each strategy (draft model, prompt lookup as a chain and as a
 //    tree, layer skip, REST with a datastore of fixture-sampled text or of the 14 TinyStories
-//    stories, lookahead W5 N4 G5, Jacobi k=4 greedy) and the autoregressive baseline, prompt by
+//    stories, lookahead W5 N4 G5, Jacobi k=4 greedy, Medusa and Hydra with the heads trained for
+//    the fixture and their 32-node trees) and the autoregressive baseline, prompt by
 //    prompt in turn: tokens/s of both, speedup, mean accepted length, mean tree size (+ auxiliary
 //    tokens per step), and the library's own overhead -- all decode time not spent in model
-//    forwards (target and draft), as a share of the decode-step time. Forward time is counted by
-//    `timed_lm`, an adapter around the model that satisfies causal_lm.
+//    forwards (target and draft, or the draft heads), as a share of the decode-step time. Forward
+//    time is counted by `timed_lm`, an adapter around the model that satisfies causal_lm, and the
+//    heads' time by `timed_heads`, one around a heads runner.
 // 2. Controlled acceptance: a random-weight target of the stories110M shape (dim 768, hidden 2048,
 //    12 layers, 12 heads, vocabulary 32000) and an oracle proposer that drafts the target's own
 //    greedy continuation (computed once by the baseline run), corrupting each drafted token with
@@ -22,15 +24,26 @@
 //    table shows medians over the pairs. Everything the library does besides forwards (verify,
 //    commit, bookkeeping on both sides) shows up as measured < predicted. A second prediction
 //    uses forwards over 1 and k + 1 tokens timed on their own, alternating, away from the runs.
+// 3. Draft heads at the stories110M shape: random-weight Medusa heads (4 heads; 1 block, as the
+//    reference publishes them, and 4 as the fixture's) and Hydra heads (4 heads, 4 blocks) of the
+//    target's dim and vocabulary, each drafting the fixture heads' 32-node tree. Timed on their
+//    own, alternating, medians of 15 in the middle of a sequence: one decode step (a forward over
+//    the root alone: the yardstick), the scoring forward of the tree (root + 32 nodes with the
+//    tree mask), and the proposer's step (the heads on the hidden row and the ranking). Cost ratio
+//    = (scoring + proposing) / decode step; predicted speedup = the mean accepted length measured
+//    on the fixture with the trained heads (greedy, 14 prompts x 128 tokens) x decode step /
+//    (scoring + proposing).
 //
 // After the benchmarks a summary table is printed with the bars: library overhead <= 5% of step
-// time, measured speedup within 10% of the prediction, speedup >= 2.5x at acceptance 0.9.
+// time, measured speedup within 10% of the prediction, speedup >= 2.5x at acceptance 0.9, the
+// Medusa tree's cost <= 1.3 decode steps at the stories110M shape.
 //
-// Run (Release): build/<dir>/benchmarks/bench_e2e [--benchmark_filter=fixture|controlled]
 // Environment: SPECDEC_MODEL_DIR, SPECDEC_DATA_DIR (default ../shared/{models,data} next to the
 // repository), SPECDEC_BENCH_THREADS (threads of the stories110M-shape model; default: all
 // cores), SPECDEC_BENCH_TOKENS (new tokens per controlled run; default 128), SPECDEC_BENCH_REPS
 // (controlled baseline / speculative run pairs; default 3).
+//
+// Run (Release): build/<dir>/benchmarks/bench_e2e [--benchmark_filter=fixture|controlled|heads]
 
 #include <benchmark/benchmark.h>
 
@@ -53,6 +66,7 @@
 #include <vector>
 
 #include "jsonl.hpp"
+#include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
@@ -60,15 +74,19 @@
 #include "specdec/core/philox.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
+#include "specdec/propose/medusa.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
+#include "specdec/propose/sparse_tree.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
@@ -149,6 +167,37 @@ class timed_lm {
 
 using timed_cpu = timed_lm<sd::cpu_llama>;
 static_assert(sd::causal_lm<timed_cpu>);
+
+//! A heads runner (Medusa or Hydra) that forwards to the Runner it owns and times every run: the
+//! draft heads' share of a step, as `timed_lm` times a draft model's forwards.
+template <class Runner>
+class timed_heads {
+ public:
+  //! Builds the owned runner from `args`.
+  template <class... Args>
+  explicit timed_heads(Args&&... args) : runner_(std::forward<Args>(args)...) {}
+
+  [[nodiscard]] std::size_t num_heads() const noexcept { return runner_.num_heads(); }
+  [[nodiscard]] std::size_t hidden_size() const noexcept { return runner_.hidden_size(); }
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return runner_.vocab_size(); }
+
+  //! The owned runner's run, timed.
+  template <class... Args>
+  void run(Args&&... args) {
+    std::uint64_t const t0 = tick_clock::now();
+    runner_.run(std::forward<Args>(args)...);
+    clock_.ticks += tick_clock::now() - t0;
+    ++clock_.calls;
+  }
+
+  [[nodiscard]] forward_clock const& clock() const noexcept { return clock_; }
+
+ private:
+  Runner runner_;
+  forward_clock clock_;
+};
+static_assert(sd::medusa_heads_runner<timed_heads<sd::cpu_medusa_heads>>);
+static_assert(sd::hydra_heads_runner<timed_heads<sd::cpu_hydra_heads>>);
 
 // ---------------------------------------------------------------------------------------------
 // Inputs.
@@ -342,15 +391,16 @@ void run_fixture(benchmark::State& state, std::string const& name, timed_cpu& ta
 //! under greedy decoding, by the tree verifier under sampling; drafts of at most `nodes` nodes.
 template <class Proposer>
 void run_tree_fixture(benchmark::State& state, std::string const& name, timed_cpu& target,
-                      Proposer& proposer, std::size_t nodes, bool greedy) {
+                      Proposer& proposer, std::size_t nodes, bool greedy,
+                      forward_clock const* draft_clock = nullptr) {
   if (greedy) {
     sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
                                     fixture_config(nodes));
-    run_fixture(state, name, target, decoder, nullptr, true);
+    run_fixture(state, name, target, decoder, draft_clock, true);
   } else {
     sd::speculative_decoder decoder(target, proposer, sd::tree_verifier{}, make_policy(false),
                                     fixture_config(nodes));
-    run_fixture(state, name, target, decoder, nullptr, false);
+    run_fixture(state, name, target, decoder, draft_clock, false);
   }
 }
 
@@ -467,6 +517,38 @@ void bench_jacobi(benchmark::State& state) {
   sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, make_policy(true),
                                   fixture_config(fixture_k));
   run_fixture(state, "Jacobi k=4, greedy", target, decoder, nullptr, true);
+}
+
+//! tools/heads/<kind> next to the benchmarks (the heads trained for the fixture).
+fs::path heads_dir(char const* kind) {
+  return fs::path(__FILE__).parent_path().parent_path() / "tools" / "heads" / kind;
+}
+
+//! The committed 32-node sparse tree of `kind`.
+sd::sparse_tree heads_tree(char const* kind) {
+  return sd::sparse_tree::from_choices(sd::read_tree_choices(heads_dir(kind) / "tree.json"));
+}
+
+void bench_medusa(benchmark::State& state, bool greedy) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  timed_heads<sd::cpu_medusa_heads> heads(std::make_shared<sd::medusa_weights const>(
+      sd::load_medusa_heads(heads_dir("medusa"), f.weights->config)));
+  sd::medusa_proposer proposer(heads, heads_tree("medusa"));
+  run_tree_fixture(state, std::string("Medusa tree 32, ") + (greedy ? "greedy" : "temp 1"), target,
+                   proposer, proposer.max_nodes(), greedy, &heads.clock());
+}
+
+void bench_hydra(benchmark::State& state, bool greedy) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  timed_heads<sd::cpu_hydra_heads> heads(
+      std::make_shared<sd::hydra_weights const>(
+          sd::load_hydra_heads(heads_dir("hydra"), f.weights->config)),
+      f.weights);
+  sd::hydra_proposer proposer(heads, heads_tree("hydra"));
+  run_tree_fixture(state, std::string("Hydra tree 32, ") + (greedy ? "greedy" : "temp 1"), target,
+                   proposer, proposer.max_nodes(), greedy, &heads.clock());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -677,6 +759,140 @@ void bench_controlled(benchmark::State& state, double acceptance) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 3. Draft heads at the stories110M shape.
+
+//! One row of the heads' cost table.
+struct heads_cost_row {
+  std::string name;
+  std::size_t nodes = 0;    //!< drafted nodes per step (the tree, pruned to the cap)
+  double acceptance = 0.0;  //!< mean accepted length on the fixture, trained heads, greedy
+  double t_step = 0.0;      //!< a decode step: a forward over the root alone
+  double t_tree = 0.0;      //!< the scoring forward of root + tree
+  double t_propose = 0.0;   //!< the proposer's step: the heads and the ranking
+  [[nodiscard]] double ratio() const { return (t_tree + t_propose) / t_step; }
+  [[nodiscard]] double predicted() const { return acceptance * t_step / (t_tree + t_propose); }
+};
+std::vector<heads_cost_row> heads_cost_rows;
+
+//! The mean accepted length of `proposer` on the fixture: greedy, the 14 prompts x 128 tokens,
+//! at most `nodes` drafted nodes per step.
+template <class Proposer>
+double fixture_acceptance(Proposer& proposer, std::size_t nodes) {
+  fixture const& f = fixture::get();
+  sd::cpu_llama target(f.weights, one_thread());
+  sd::speculative_decoder decoder(target, proposer, sd::greedy_verifier{}, sd::greedy{},
+                                  fixture_config(nodes));
+  totals t;
+  sd::decode_result r;
+  for (auto const& prompt : f.prompts) {
+    decoder.generate(prompt, r);
+    t.add(r.stats, 0.0);
+  }
+  return t.mean_accepted_length();
+}
+
+//! Times one decode step, the scoring forward of `proposer`'s tree (at most `nodes` nodes) and the
+//! proposer's step on `model`, in the middle of a sequence, alternating, medians of 15.
+template <class Proposer>
+heads_cost_row measure_heads_cost(sd::cpu_llama& model, Proposer& proposer, std::size_t nodes) {
+  constexpr std::size_t base = 96;  // tokens in the cache
+  std::vector<sd::token_id> seq(base + 1);
+  for (std::size_t i = 0; i < seq.size(); ++i)
+    seq[i] = static_cast<sd::token_id>((i * 7919 + 13) % model.vocab_size());
+  std::vector<sd::position_t> positions(base);
+  for (std::size_t i = 0; i < base; ++i) positions[i] = static_cast<sd::position_t>(i);
+  sd::forward_result out;
+  model.cache().truncate(0);
+  model.forward({.tokens = std::span<sd::token_id const>(seq).first(base),
+                 .positions = positions,
+                 .want_hidden = true},
+                out);
+  std::vector<float> const hidden(out.hidden.end() - static_cast<long>(model.hidden_size()),
+                                  out.hidden.end());
+  sd::philox rng(1, 0, 0);
+  sd::propose_context ctx;
+  ctx.tokens = seq;
+  ctx.target_hidden = sd::matrix_view<float const>(hidden.data(), 1, hidden.size());
+  ctx.max_nodes = nodes;
+  ctx.rng = &rng;
+  sd::draft_tree tree(64);
+  proposer.propose(ctx, tree);
+  std::vector<sd::position_t> tree_positions(tree.size());
+  for (std::size_t i = 0; i < tree.size(); ++i)
+    tree_positions[i] =
+        static_cast<sd::position_t>(base) + tree.depth(static_cast<sd::node_index>(i));
+  sd::forward_request const tree_req{.tokens = tree.tokens(),
+                                     .positions = tree_positions,
+                                     .mask = tree.mask(),
+                                     .mask_stride = tree.mask_stride()};
+  sd::forward_request const single_req{.tokens = tree.tokens().first(1),
+                                       .positions = std::span(tree_positions).first(1)};
+  std::vector<double> t_step, t_tree, t_propose;
+  sd::draft_tree scratch(64);
+  for (int i = 0; i < 15; ++i) {
+    t_step.push_back(seconds_of([&] { model.forward(single_req, out); }));
+    model.cache().truncate(base);
+    t_tree.push_back(seconds_of([&] { model.forward(tree_req, out); }));
+    model.cache().truncate(base);
+    t_propose.push_back(seconds_of([&] { proposer.propose(ctx, scratch); }));
+  }
+  heads_cost_row row;
+  row.nodes = tree.num_drafted();
+  row.t_step = median(t_step);
+  row.t_tree = median(t_tree);
+  row.t_propose = median(t_propose);
+  return row;
+}
+
+//! Medusa (`hydra` false) or Hydra heads of `layers` blocks at the stories110M shape, drafting the
+//! fixture heads' tree pruned to `nodes` nodes.
+void bench_heads_cost(benchmark::State& state, bool hydra, std::size_t layers, std::size_t nodes) {
+  fixture const& f = fixture::get();
+  auto const& config = stories110m()->config;
+  auto const dim = static_cast<std::size_t>(config.dim),
+             vocab = static_cast<std::size_t>(config.vocab_size);
+  std::size_t const threads = bench_threads();
+  sd::cpu_llama model(stories110m(), sd::cpu_llama_options{.threads = threads});
+  heads_cost_row row;
+  for (auto _ : state) {
+    if (hydra) {
+      sd::cpu_hydra_heads trained(std::make_shared<sd::hydra_weights const>(
+                                      sd::load_hydra_heads(heads_dir("hydra"), f.weights->config)),
+                                  f.weights);
+      sd::hydra_proposer fixture_proposer(trained, heads_tree("hydra"));
+      double const acceptance = fixture_acceptance(fixture_proposer, nodes);
+      sd::cpu_hydra_heads heads(std::make_shared<sd::hydra_weights const>(
+                                    sd::make_random_hydra_heads(dim, vocab, 4, layers, 7, 0.02f)),
+                                stories110m(), {.threads = threads});
+      sd::hydra_proposer proposer(heads, heads_tree("hydra"));
+      row = measure_heads_cost(model, proposer, nodes);
+      row.acceptance = acceptance;
+    } else {
+      sd::cpu_medusa_heads trained(std::make_shared<sd::medusa_weights const>(
+          sd::load_medusa_heads(heads_dir("medusa"), f.weights->config)));
+      sd::medusa_proposer fixture_proposer(trained, heads_tree("medusa"));
+      double const acceptance = fixture_acceptance(fixture_proposer, nodes);
+      sd::cpu_medusa_heads heads(std::make_shared<sd::medusa_weights const>(
+                                     sd::make_random_medusa_heads(dim, vocab, 4, layers, 7, 0.02f)),
+                                 {.threads = threads});
+      sd::medusa_proposer proposer(heads, heads_tree("medusa"));
+      row = measure_heads_cost(model, proposer, nodes);
+      row.acceptance = acceptance;
+    }
+  }
+  row.name = std::string(hydra ? "Hydra" : "Medusa") + ", 4 heads x " + std::to_string(layers) +
+             (layers == 1 ? " block" : " blocks");
+  state.counters["nodes"] = static_cast<double>(row.nodes);
+  state.counters["T_step_ms"] = 1e3 * row.t_step;
+  state.counters["T_tree_ms"] = 1e3 * row.t_tree;
+  state.counters["T_propose_ms"] = 1e3 * row.t_propose;
+  state.counters["cost_ratio"] = row.ratio();
+  state.counters["mean_acc_len"] = row.acceptance;
+  state.counters["predicted_speedup"] = row.predicted();
+  heads_cost_rows.push_back(row);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The summary.
 
 char const* verdict(bool ok) {
@@ -737,6 +953,24 @@ void print_summary() {
           r.acceptance >= 0.9 ? verdict(r.measured >= 2.5) : "-");
     }
   }
+  if (!heads_cost_rows.empty()) {
+    std::printf(
+        "\ndraft heads at the stories110M shape (random weights: dim 768, 12 layers, vocab 32000), "
+        "%zu threads; the fixture heads'\n32-node trees pruned to the nodes shown; medians of 15 "
+        "alternating timings in the middle of a sequence.\ncost = (tree scoring forward + "
+        "proposer step) / decode step; acc.len = mean accepted length of the trained fixture "
+        "heads\n(greedy, 14 prompts x 128 tokens, same node cap); predicted = acc.len x decode "
+        "step "
+        "/ (scoring + proposing).\n\n",
+        bench_threads());
+    std::printf("%-28s %6s %9s %9s %11s %7s %7s %8s %10s\n", "heads", "nodes", "step ms", "tree ms",
+                "propose ms", "cost", "<= 1.3", "acc.len", "predicted");
+    for (heads_cost_row const& r : heads_cost_rows)
+      std::printf("%-28s %6zu %9.2f %9.2f %11.2f %6.2fx %7s %8.3f %9.2fx\n", r.name.c_str(),
+                  r.nodes, 1e3 * r.t_step, 1e3 * r.t_tree, 1e3 * r.t_propose, r.ratio(),
+                  r.name.rfind("Medusa", 0) == 0 && r.nodes == 32 ? verdict(r.ratio() <= 1.3) : "-",
+                  r.acceptance, r.predicted());
+  }
 }
 
 }  // namespace
@@ -778,10 +1012,33 @@ int main(int argc, char** argv) {
     bench_lookahead(s, false);
   })->Iterations(3);
   benchmark::RegisterBenchmark("fixture/jacobi/greedy", bench_jacobi)->Iterations(3);
+  for (bool greedy : {true, false}) {
+    benchmark::RegisterBenchmark(greedy ? "fixture/medusa/greedy" : "fixture/medusa/temp1",
+                                 [greedy](benchmark::State& s) { bench_medusa(s, greedy); })
+        ->Iterations(3);
+    benchmark::RegisterBenchmark(greedy ? "fixture/hydra/greedy" : "fixture/hydra/temp1",
+                                 [greedy](benchmark::State& s) { bench_hydra(s, greedy); })
+        ->Iterations(3);
+  }
   for (double a : {0.5, 0.7, 0.9}) {
     benchmark::RegisterBenchmark(
         ("controlled/acceptance:" + std::to_string(a).substr(0, 3)).c_str(),
         [a](benchmark::State& s) { bench_controlled(s, a); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+  struct heads_case {
+    bool hydra;
+    std::size_t layers, nodes;
+  };
+  for (heads_case const c :
+       {heads_case{false, 1, 32}, heads_case{false, 1, 16}, heads_case{false, 1, 8},
+        heads_case{false, 4, 32}, heads_case{true, 4, 32}, heads_case{true, 4, 16},
+        heads_case{true, 4, 8}}) {
+    std::string const name = std::string("heads/") + (c.hydra ? "hydra" : "medusa") + "_" +
+                             std::to_string(c.layers) + "blocks/nodes:" + std::to_string(c.nodes);
+    benchmark::RegisterBenchmark(
+        name.c_str(), [c](benchmark::State& s) { bench_heads_cost(s, c.hydra, c.layers, c.nodes); })
         ->Iterations(1)
         ->Unit(benchmark::kMillisecond);
   }

@@ -2,10 +2,11 @@
 //! \file
 //! The umbrella header: everything in specdec except backend/ and interop/.
 //!
-//! It needs only the standard library (and POSIX for the memory-mapped model and datastore
-//! files): the model backends (the CPU one is kept out only to keep the umbrella light; the CUDA
-//! one needs a CUDA compiler) and the adapters for outside containers, which need xtensor, are
-//! included on their own:
+//! It needs only the standard library, nlohmann/json (the JSON of safetensors headers, head
+//! configs and tree files) and POSIX for the memory-mapped model and datastore files: the model
+//! backends (the CPU one is kept out only to keep the umbrella light; the CUDA one needs a CUDA
+//! compiler) and the adapters for outside containers, which need xtensor, are included on their
+//! own:
 //!
 //! ```cpp
 //! #include <specdec/specdec.hpp>              // concepts, sampling, verify, propose, decode, ...
@@ -44,26 +45,32 @@
 
 // propose/: one header per drafting strategy.
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
+#include "specdec/propose/medusa.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/rest_datastore.hpp"
+#include "specdec/propose/sparse_tree.hpp"
 
 // kv/: KV cache layouts.
 #include "specdec/kv/contiguous_cache.hpp"
 
-// model/: model files (llama2.c, GGUF), tokenizers, random models of any shape.
+// model/: model files (llama2.c, GGUF, safetensors), draft heads, tokenizers, random models of any
+// shape.
 #include "specdec/model/binary_io.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/half.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/random.hpp"
+#include "specdec/model/safetensors.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/model/weight_storage.hpp"
 
@@ -73,5 +80,6 @@
 #include "specdec/decode/speculative_decoder.hpp"
 
 // reference/: slow, obviously correct versions that tests compare against.
+#include "specdec/reference/heads.hpp"
 #include "specdec/reference/sampling.hpp"
 #include "specdec/reference/verify.hpp"

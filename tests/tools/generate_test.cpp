@@ -24,10 +24,13 @@
 
 #include "generate/options.hpp"
 #include "generate/strategies.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/sparse_tree.hpp"
+#include "support/files.hpp"
 #include "tools/fixture.hpp"
 #include "tools/generate.hpp"
 #include "tools/process.hpp"
@@ -61,12 +64,20 @@ std::vector<std::string> valid_value(generate::option_spec const& o) {
   return {};
 }
 
-// "--strategy NAME" and the strategy's required options, with valid values.
+// "--strategy NAME" and the strategy's required options, with valid values (--heads: the heads
+// trained for the fixture, tools/heads/<strategy>).
 std::vector<std::string> strategy_args(generate::strategy const& s) {
   std::vector<std::string> args = {"--strategy", std::string(s.name)};
   for (generate::option_spec const* o : s.options) {
     if (!o->required) continue;
     args.emplace_back(o->flag);
+    if (o->flag == "--heads") {
+      args.push_back(
+          test_support::source_file(("tools/heads/" + std::string(s.name) + "/config.json").c_str())
+              .parent_path()
+              .string());
+      continue;
+    }
     for (std::string const& v : valid_value(*o)) args.push_back(v);
   }
   return args;
@@ -322,7 +333,7 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
     return a;
   };
   check_error(with({"--bogus"}), 2, "unknown option '--bogus'");
-  check_error(with({"--strategy", "medusa"}), 2, "unknown strategy 'medusa'");
+  check_error(with({"--strategy", "nonesuch"}), 2, "unknown strategy 'nonesuch'");
   check_error(with({"--strategy", "autoregressive", "--temp"}), 2, "--temp needs a value");
   check_error(with({"--strategy", "autoregressive", "-k"}), 2, "-k needs a value");
   check_error(with({"--strategy", "autoregressive", "--temp", "abc"}), 2, "--temp expects");
@@ -516,19 +527,28 @@ TEST_CASE("generate: an option given twice is refused") {
 }
 
 TEST_CASE("generate: options that only shape sampling are refused at temperature 0") {
-  std::size_t checked = 0;
-  for (generate::option_spec const* o : generate::all_options()) {
-    if (!o->sampling_only) continue;
-    ++checked;
+  // The general ones, with any strategy; then each strategy's own, with that strategy.
+  std::vector<std::pair<generate::option_spec const*, std::vector<std::string>>> cases;
+  for (generate::option_group const& g : generate::general_groups)
+    for (generate::option_spec const* o : g.options)
+      if (o->sampling_only) cases.push_back({o, {"--strategy", "autoregressive"}});
+  std::size_t const general = cases.size();
+  for (generate::strategy const& s : generate::strategies)
+    for (generate::option_spec const* o : s.options)
+      if (o->sampling_only) cases.push_back({o, strategy_args(s)});
+  for (auto const& [o, strategy] : cases) {
     CAPTURE(o->flag);
-    std::vector<std::string> args = once({"--strategy", "autoregressive", "-n", "4"});
+    CAPTURE(strategy[1]);
+    std::vector<std::string> args = once({"-n", "4"});
+    args.insert(args.end(), strategy.begin(), strategy.end());
     args.emplace_back(o->flag);
     for (std::string const& v : valid_value(*o)) args.push_back(v);
     check_error(args, 2, std::string(o->flag) + " applies to sampling only (--temp > 0)");
     args.insert(args.end(), {"--temp", "0.8"});
     CHECK(tokens_of(gen_json(args)).size() == 4);
   }
-  CHECK(checked == 4);  // --top-k, --top-p, --min-p, --seed
+  CHECK(general == 4);                 // --top-k, --top-p, --min-p, --seed
+  CHECK(cases.size() == general + 4);  // medusa and hydra: --typical-epsilon, --typical-delta
   // The penalties change greedy decoding, so they apply at temperature 0 too.
   for (char const* penalty : {"--repetition-penalty", "--frequency-penalty", "--presence-penalty"})
     CHECK(tokens_of(gen_json(once({"--strategy", "autoregressive", "-n", "4", penalty, "1.5"})))
@@ -584,6 +604,63 @@ TEST_CASE("generate: each strategy's options reach its proposer, which sets the 
       gen_json(once({"--strategy", "prompt-lookup", "--depth", "2", "--ngram", "1", "-n", "64"}));
   CHECK(str(chain.at("description")) == "prompt lookup, n-grams 1..1, depth 2");
   CHECK(num(stats(chain).at("max_tree_size")) == 2);
+}
+
+TEST_CASE("generate: medusa and hydra read their heads, trees and verifier options") {
+  auto const stats = [](json const& j) { return j.at("stats"); };
+  std::string const medusa =
+      test_support::source_file("tools/heads/medusa/config.json").parent_path().string();
+  std::string const hydra =
+      test_support::source_file("tools/heads/hydra/config.json").parent_path().string();
+  // The heads' own tree.json by default: 32 nodes.
+  json const m = gen_json(once({"--strategy", "medusa", "--heads", medusa, "-n", "64"}));
+  CHECK(str(m.at("description")).find("Medusa, 4 heads, 32-node tree") != std::string::npos);
+  CHECK(num(stats(m).at("max_tree_size")) == 32);
+  CHECK(str(m.at("verifier")) == "greedy");
+  CHECK(tokens_of(m) == reference_continuation(64));
+  CHECK(num(stats(m).at("mean_accepted_length")) > 2.2);
+  // --tree-nodes builds a tree from accuracies measured on the target's greedy text, and
+  // --write-tree writes it in tree.json's format.
+  test_support::temp_dir dir;
+  std::string const written = dir.file("tree.json").string();
+  json const h = gen_json(once({"--strategy", "hydra", "--heads", hydra, "--tree-nodes", "12",
+                                "--write-tree", written, "-n", "64"}));
+  CHECK(str(h.at("description")).find("Hydra, 4 heads, 12-node tree built from measured") !=
+        std::string::npos);
+  CHECK(num(stats(h).at("max_tree_size")) <= 12);
+  CHECK(tokens_of(h) == reference_continuation(64));
+  specdec::tree_choices const tree = specdec::read_tree_choices(written);
+  CHECK(tree.size() == 12);
+  CHECK(specdec::sparse_tree::from_choices(tree).size() == 12);
+  // --tree takes that file.
+  json const t =
+      gen_json(once({"--strategy", "medusa", "--heads", medusa, "--tree", written, "-n", "32"}));
+  CHECK(str(t.at("description")).find("12-node tree " + written) != std::string::npos);
+  CHECK(tokens_of(t) == reference_continuation(32));
+  // Sampling: the tree verifier, or typical acceptance when asked for.
+  json const sampled = gen_json(once({"--strategy", "hydra", "--heads", hydra, "--temp", "1",
+                                      "--top-p", "0.9", "--seed", "3", "-n", "32"}));
+  CHECK(str(sampled.at("verifier")) == "tree (point masses)");
+  json const typical = gen_json(once({"--strategy", "medusa", "--heads", medusa, "--temp", "0.7",
+                                      "--typical-epsilon", "0.2", "-n", "32"}));
+  CHECK(str(typical.at("verifier")) == "typical acceptance (lossy), epsilon 0.2, delta 0.3");
+  CHECK(tokens_of(typical).size() == 32);
+
+  check_error(once({"--strategy", "medusa"}), 2, "--heads DIR");
+  check_error(once({"--strategy", "medusa", "--heads", "/nonexistent/heads"}), 2,
+              "--heads: no such directory '/nonexistent/heads'");
+  check_error(
+      once({"--strategy", "medusa", "--heads", medusa, "--tree", written, "--tree-nodes", "8"}), 2,
+      "--tree and --tree-nodes exclude each other");
+  check_error(once({"--strategy", "medusa", "--heads", medusa, "--typical-epsilon", "0.1"}), 2,
+              "--typical-epsilon applies to sampling only");
+  check_error(
+      once({"--strategy", "medusa", "--heads", medusa, "--temp", "1", "--typical-epsilon", "1"}), 2,
+      "--typical-epsilon must be below 1");
+  // Heads of the other kind, or for another target: a run-time error naming the file.
+  check_error(once({"--strategy", "hydra", "--heads", medusa}), 1, "missing \"hydra_num_heads\"");
+  check_error(once({"--strategy", "medusa", "--heads", medusa, "--tree", model()}), 1,
+              "invalid JSON");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

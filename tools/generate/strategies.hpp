@@ -16,37 +16,46 @@
 // Verification: temperature 0 is greedy, checked token by token by `greedy_verifier` (the output
 // equals plain greedy decoding). Above 0 the sampler's distribution is verified losslessly: a
 // sampled draft chain (draft model, layer skip) by `speculative_sampling_verifier` with the
-// draft's q rows, deterministic candidates (prompt lookup, REST, lookahead; chains or trees) by
-// `tree_verifier`, which treats each candidate as a point mass.
+// draft's q rows, deterministic candidates (prompt lookup, REST, lookahead, Medusa and Hydra heads;
+// chains or trees) by `tree_verifier`, which treats each candidate as a point mass. Medusa and
+// Hydra may opt into typical acceptance instead (--typical-epsilon / --typical-delta: lossy).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "generate/option.hpp"
+#include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
+#include "specdec/propose/medusa.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
+#include "specdec/propose/sparse_tree.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
@@ -296,6 +305,60 @@ inline constexpr option_spec lookahead_guesses{.flag = "--lookahead-guesses",
                                                .count_hi = 256,
                                                .count_default = sd::lookahead_config{}.guesses};
 
+//! medusa, hydra: the heads' directory.
+inline constexpr option_spec heads{
+    .flag = "--heads",
+    .value_name = "DIR",
+    .kind = value_kind::text,
+    .help =
+        "the heads: a directory with config.json and the heads' safetensors file "
+        "(tools/heads/README.md)",
+    .required = true,
+    .non_empty = true};
+//! medusa, hydra: the sparse tree, given.
+inline constexpr option_spec tree{.flag = "--tree",
+                                  .value_name = "FILE",
+                                  .kind = value_kind::text,
+                                  .help = "the sparse tree: a JSON array of rank paths (tree.json)",
+                                  .default_text = "DIR/tree.json, else --tree-nodes",
+                                  .non_empty = true};
+//! medusa, hydra: the sparse tree, built.
+inline constexpr option_spec tree_nodes{
+    .flag = "--tree-nodes",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help =
+        "build a tree of N nodes from the heads' accuracies, measured on the target's own "
+        "greedy text (without --tree)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = 32};
+//! medusa, hydra: where to write the tree.
+inline constexpr option_spec write_tree{.flag = "--write-tree",
+                                        .value_name = "FILE",
+                                        .kind = value_kind::text,
+                                        .help = "write the tree used to FILE (tree.json format)",
+                                        .non_empty = true};
+//! medusa, hydra: typical acceptance's posterior threshold.
+inline constexpr option_spec typical_epsilon{
+    .flag = "--typical-epsilon",
+    .value_name = "E",
+    .kind = value_kind::real,
+    .help = "verify by typical acceptance (lossy): accept x if p(x) > min(E, D exp(-H(p)))",
+    .real_lo = 0.0f,
+    .real_hi = 1.0f,
+    .real_default = sd::typical_acceptance_params{}.epsilon,
+    .sampling_only = true};
+//! medusa, hydra: typical acceptance's entropy factor.
+inline constexpr option_spec typical_delta{
+    .flag = "--typical-delta",
+    .value_name = "D",
+    .kind = value_kind::real,
+    .help = "typical acceptance's factor D of exp(-H(p)) (see --typical-epsilon)",
+    .real_lo = 0.0f,
+    .real_default = sd::typical_acceptance_params{}.delta,
+    .sampling_only = true};
+
 }  // namespace opt
 
 // ---------------------------------------------------------------------------------------------
@@ -316,6 +379,21 @@ void check_ngram(option_values const& v) {
   if (v.count(Min) > v.count(Max))
     throw usage_error(std::string(Min.flag) + " " + std::to_string(v.count(Min)) + " exceeds " +
                       std::string(Max.flag) + " " + std::to_string(v.count(Max)));
+}
+
+//! medusa, hydra: --tree and --tree-nodes exclude each other, --tree names a file (a text
+//! option, so that it is parsed before this check); epsilon stays below 1.
+inline void check_heads(option_values const& v) {
+  if (v.given(opt::tree) && v.given(opt::tree_nodes))
+    throw usage_error("--tree and --tree-nodes exclude each other");
+  if (auto const tree = v.text(opt::tree)) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*tree, ec))
+      throw usage_error("--tree: no such file '" + *tree + "'");
+  }
+  if (v.real(opt::typical_epsilon) >= 1.0f)
+    throw usage_error("--typical-epsilon must be below 1, got " +
+                      option_spec::number_text(v.real(opt::typical_epsilon)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -455,6 +533,132 @@ inline run_output run_jacobi(session& s) {
                          "Jacobi, k = " + std::to_string(c.block), "greedy");
 }
 
+//! The text --tree-nodes measures the heads' accuracies on: the target's greedy continuations of
+//! 8 starts of 4 tokens sampled from BOS (temperature 1, seeds 1..8), 128 tokens each (fewer in a
+//! short context), with the target's final hidden rows. Greedy text, because under greedy
+//! verification the accepted tokens are the target's greedy continuation.
+struct calibration_text {
+  std::vector<sd::token_id> tokens;  //!< BOS, the sampled start, the greedy continuation
+  std::vector<float> hidden;         //!< [tokens, dim]
+};
+
+//! The calibration texts of `s`'s target (see `calibration_text`).
+inline std::vector<calibration_text> calibration_texts(session& s) {
+  std::size_t const length = std::min<std::size_t>(128, s.target.max_context() - 1);
+  std::size_t const start = std::min<std::size_t>(4, length);
+  std::vector<sd::token_id> const bos{s.prompt.front()};
+  std::vector<calibration_text> out;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    sd::sampling_params p;
+    p.temperature = 1.0f;
+    sd::decode_config c;
+    c.max_new_tokens = start;
+    c.seed = seed;
+    sd::autoregressive_decoder sampled(s.target, sd::sampler(p), c);
+    calibration_text text{bos, {}};
+    auto const head = sampled.generate(bos).tokens;
+    text.tokens.insert(text.tokens.end(), head.begin(), head.end());
+    c.max_new_tokens = length - start;
+    sd::autoregressive_decoder greedy(s.target, sd::greedy{}, c);
+    auto const tail = greedy.generate(text.tokens).tokens;
+    text.tokens.insert(text.tokens.end(), tail.begin(), tail.end());
+    std::vector<sd::position_t> positions(text.tokens.size());
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      positions[i] = static_cast<sd::position_t>(i);
+    sd::forward_result f;
+    s.target.cache().truncate(0);
+    s.target.forward({.tokens = text.tokens, .positions = positions, .want_hidden = true}, f);
+    s.target.cache().truncate(0);
+    text.hidden = std::move(f.hidden);
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
+//! The sparse tree of a medusa / hydra run: --tree, else --tree-nodes, else the heads'
+//! tree.json, else --tree-nodes' default; built trees from the accuracies `measure(runner, hidden,
+//! tokens, accuracy)` finds on the calibration texts. Writes it to --write-tree when given, and
+//! describes it.
+template <class Runner, class Measure>
+sd::sparse_tree heads_tree(session& s, Runner& runner, std::filesystem::path const& dir,
+                           Measure&& measure, std::string& description) {
+  option_values const& v = s.values;
+  std::filesystem::path const beside = dir / sd::heads_tree_file;
+  sd::sparse_tree tree = sd::sparse_tree::chain(0);
+  if (v.given(opt::tree) || (!v.given(opt::tree_nodes) && std::filesystem::exists(beside))) {
+    std::filesystem::path const file =
+        v.given(opt::tree) ? std::filesystem::path(*v.text(opt::tree)) : beside;
+    tree = sd::sparse_tree::from_choices(sd::read_tree_choices(file));
+    description = std::to_string(tree.size()) + "-node tree " + file.string();
+  } else {
+    sd::head_accuracy accuracy(runner.num_heads(), 10);
+    for (calibration_text const& text : calibration_texts(s))
+      measure(runner,
+              sd::matrix_view<float const>(text.hidden.data(), text.tokens.size(),
+                                           runner.hidden_size()),
+              std::span<sd::token_id const>(text.tokens), accuracy);
+    tree = sd::sparse_tree::build(accuracy, static_cast<std::size_t>(v.count(opt::tree_nodes)));
+    char expected[32];
+    std::snprintf(expected, sizeof expected, "%.2f", tree.expected_length());
+    description = std::to_string(tree.size()) +
+                  "-node tree built from measured accuracies (expected length " + expected + ")";
+  }
+  if (auto const out = v.text(opt::write_tree)) sd::write_tree_choices(*out, tree.choices());
+  return tree;
+}
+
+//! Runs `proposer` with the verifier the options ask for: greedy at temperature 0, else typical
+//! acceptance when --typical-epsilon / --typical-delta is given, else the tree verifier.
+template <class Proposer>
+run_output run_heads_proposer(session& s, Proposer& proposer, std::string description) {
+  option_values const& v = s.values;
+  if (!s.greedy && (v.given(opt::typical_epsilon) || v.given(opt::typical_delta))) {
+    sd::typical_acceptance_params const params{v.real(opt::typical_epsilon),
+                                               v.real(opt::typical_delta)};
+    return run_speculative(
+        s, proposer, sd::typical_acceptance_verifier(params), std::move(description),
+        "typical acceptance (lossy), epsilon " + option_spec::number_text(params.epsilon) +
+            ", delta " + option_spec::number_text(params.delta));
+  }
+  return run_candidates(s, proposer, std::move(description));
+}
+
+//! The --heads directory, checked.
+inline std::filesystem::path heads_directory(option_values const& v) {
+  std::filesystem::path const dir = *v.text(opt::heads);
+  if (!std::filesystem::is_directory(dir))
+    throw usage_error("--heads: no such directory '" + dir.string() + "'");
+  return dir;
+}
+
+//! medusa: Medusa heads on the target's hidden state draft a sparse tree.
+inline run_output run_medusa(session& s) {
+  std::filesystem::path const dir = heads_directory(s.values);
+  auto const heads =
+      std::make_shared<sd::medusa_weights const>(sd::load_medusa_heads(dir, s.weights->config));
+  sd::cpu_medusa_heads runner(heads, {.threads = s.model_options.threads});
+  std::string tree_text;
+  sd::medusa_proposer proposer(
+      runner,
+      heads_tree(s, runner, dir, sd::measure_medusa_accuracy<sd::cpu_medusa_heads>, tree_text));
+  return run_heads_proposer(
+      s, proposer, "Medusa, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
+}
+
+//! hydra: Hydra heads (sequentially dependent) draft a sparse tree.
+inline run_output run_hydra(session& s) {
+  std::filesystem::path const dir = heads_directory(s.values);
+  auto const heads =
+      std::make_shared<sd::hydra_weights const>(sd::load_hydra_heads(dir, s.weights->config));
+  sd::cpu_hydra_heads runner(heads, s.weights, {.threads = s.model_options.threads});
+  std::string tree_text;
+  sd::hydra_proposer proposer(
+      runner,
+      heads_tree(s, runner, dir, sd::measure_hydra_accuracy<sd::cpu_hydra_heads>, tree_text));
+  return run_heads_proposer(
+      s, proposer, "Hydra, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The table.
 
@@ -482,6 +686,9 @@ inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth,
 inline constexpr option_spec const* lookahead[] = {&opt::lookahead_window, &opt::lookahead_ngram,
                                                    &opt::lookahead_guesses};
 inline constexpr option_spec const* jacobi[] = {&opt::chain_length};
+inline constexpr option_spec const* heads[] = {&opt::heads,           &opt::tree,
+                                               &opt::tree_nodes,      &opt::write_tree,
+                                               &opt::typical_epsilon, &opt::typical_delta};
 }  // namespace strategy_options
 
 //! Every strategy, in --help order.
@@ -520,6 +727,16 @@ inline constexpr strategy strategies[] = {
      .options = strategy_options::jacobi,
      .greedy_only = true,
      .run = run_jacobi},
+    {.name = "medusa",
+     .help = "Medusa heads on the target's hidden state draft a sparse tree",
+     .options = strategy_options::heads,
+     .check = check_heads,
+     .run = run_medusa},
+    {.name = "hydra",
+     .help = "Hydra heads (each also reading the drafted tokens) draft a sparse tree",
+     .options = strategy_options::heads,
+     .check = check_heads,
+     .run = run_hydra},
 };
 
 //! The strategy called `name`, or null.

@@ -13,6 +13,7 @@
 #include "specdec/backend/cuda/draw.cuh"
 #include "specdec/backend/cuda/elementwise.cuh"
 #include "specdec/backend/cuda/greedy_walk.cuh"
+#include "specdec/backend/cuda/heads.cuh"
 #include "specdec/backend/cuda/kv_cache.cuh"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/backend/cuda/policy.cuh"

@@ -1,0 +1,387 @@
+#pragma once
+//! \file
+//! safetensors (https://github.com/huggingface/safetensors): a bounds-checked reader of the
+//! format the reference Medusa and Hydra repositories publish their heads in (`safetensors_file`),
+//! the JSON helpers the head configs and tree files share with it, and F32 / F16 / BF16 tensors
+//! converted to float32.
+//!
+//! File layout: an 8-byte little-endian unsigned header length N; N bytes of UTF-8 JSON (padded
+//! with spaces); the data section, every byte up to the end of the file. The header is an object
+//! mapping each tensor name to {"dtype": "F32", "shape": [d0, d1, ...], "data_offsets": [begin,
+//! end]} (byte offsets into the data section, end exclusive) and may hold "__metadata__", an
+//! object of strings. Tensors are row-major and little-endian.
+//!
+//! What the reader checks (each violation throws `errc::bad_file` naming the file and the tensor
+//! or the header field): the file holds the 8 length bytes; the header lies within the file and
+//! within `safetensors_max_header` bytes; it is valid JSON (UTF-8), an object, nested at most
+//! `safetensors_max_depth` deep, without duplicate names; every entry has a known dtype, a shape
+//! of non-negative integers and two data offsets begin <= end; the byte count end - begin equals
+//! the product of the shape times the dtype's size (overflow-checked); sorted by offset the
+//! tensors tile the data section exactly, with no gap, overlap or byte left after the last one
+//! (as the reference reader requires). Nothing is read from the data before all of this holds.
+//! Tensor types other than F32, F16 and BF16 are listed (their extents checked) but reading them
+//! as floats throws `errc::unsupported` naming the type.
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/error.hpp"
+#include "specdec/model/binary_io.hpp"
+#include "specdec/model/half.hpp"
+#include "specdec/model/mapped_file.hpp"
+
+namespace specdec {
+
+//! A safetensors tensor type (the header's "dtype" strings).
+enum class safetensors_dtype {
+  f32,      //!< "F32"
+  f16,      //!< "F16"
+  bf16,     //!< "BF16"
+  f64,      //!< "F64"
+  f8_e4m3,  //!< "F8_E4M3"
+  f8_e5m2,  //!< "F8_E5M2"
+  i8,       //!< "I8"
+  i16,      //!< "I16"
+  i32,      //!< "I32"
+  i64,      //!< "I64"
+  u8,       //!< "U8"
+  u16,      //!< "U16"
+  u32,      //!< "U32"
+  u64,      //!< "U64"
+  boolean,  //!< "BOOL"
+};
+
+namespace detail {
+
+//! A dtype's header name and its element size in bytes.
+struct safetensors_dtype_info {
+  safetensors_dtype dtype;
+  std::string_view name;
+  std::size_t bytes;
+};
+
+//! Every dtype this reader knows.
+inline constexpr safetensors_dtype_info safetensors_dtypes[] = {
+    {safetensors_dtype::f32, "F32", 4},         {safetensors_dtype::f16, "F16", 2},
+    {safetensors_dtype::bf16, "BF16", 2},       {safetensors_dtype::f64, "F64", 8},
+    {safetensors_dtype::f8_e4m3, "F8_E4M3", 1}, {safetensors_dtype::f8_e5m2, "F8_E5M2", 1},
+    {safetensors_dtype::i8, "I8", 1},           {safetensors_dtype::i16, "I16", 2},
+    {safetensors_dtype::i32, "I32", 4},         {safetensors_dtype::i64, "I64", 8},
+    {safetensors_dtype::u8, "U8", 1},           {safetensors_dtype::u16, "U16", 2},
+    {safetensors_dtype::u32, "U32", 4},         {safetensors_dtype::u64, "U64", 8},
+    {safetensors_dtype::boolean, "BOOL", 1},
+};
+
+}  // namespace detail
+
+//! The header name of `dtype`, e.g. "BF16".
+[[nodiscard]] constexpr std::string_view to_string(safetensors_dtype dtype) noexcept {
+  for (auto const& d : detail::safetensors_dtypes)
+    if (d.dtype == dtype) return d.name;
+  return "?";
+}
+
+//! Bytes per element of `dtype`.
+[[nodiscard]] constexpr std::size_t element_size(safetensors_dtype dtype) noexcept {
+  for (auto const& d : detail::safetensors_dtypes)
+    if (d.dtype == dtype) return d.bytes;
+  return 0;
+}
+
+//! The dtype called `name` ("F32", ...), or nullopt.
+[[nodiscard]] constexpr std::optional<safetensors_dtype> parse_safetensors_dtype(
+    std::string_view name) noexcept {
+  for (auto const& d : detail::safetensors_dtypes)
+    if (d.name == name) return d.dtype;
+  return std::nullopt;
+}
+
+//! The largest header accepted, in bytes (the reference reader's limit).
+inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
+//! The deepest JSON nesting accepted in a header, config or tree file (a header needs 3: the
+//! object, a tensor's entry, its shape).
+inline constexpr int safetensors_max_depth = 8;
+
+namespace detail {
+
+//! Parses `text` (from `where`) as one JSON value with the care every file of the library gets:
+//! invalid JSON or UTF-8 throws `errc::bad_file` with the parser's position and reason; nesting
+//! deeper than `safetensors_max_depth` and a name repeated within one object throw `errc::bad_file`
+//! naming it (the parser would otherwise keep the last of two equal names silently).
+[[nodiscard]] inline nlohmann::json parse_json(std::string_view text, std::string_view where) {
+  using json = nlohmann::json;
+  // One set of names per open object; `too_deep` / `duplicate` record the first problem (the
+  // callback may not throw through the parser's state, so the error is raised after it returns).
+  std::vector<std::vector<std::string>> names;
+  std::string duplicate;
+  bool too_deep = false;
+  auto const callback = [&](int depth, json::parse_event_t event, json& value) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= safetensors_max_depth) {
+          too_deep = true;
+          return false;  // not kept: nothing deeper is built
+        }
+        if (event == json::parse_event_t::object_start) names.emplace_back();
+        return true;
+      case json::parse_event_t::object_end:
+        if (!names.empty()) names.pop_back();
+        return true;
+      case json::parse_event_t::key: {
+        if (names.empty() || !value.is_string()) return true;
+        std::string const& key = value.get_ref<std::string const&>();
+        auto& open = names.back();
+        if (std::find(open.begin(), open.end(), key) != open.end()) {
+          if (duplicate.empty()) duplicate = key;
+        } else {
+          open.push_back(key);
+        }
+        return true;
+      }
+      default:
+        return true;
+    }
+  };
+  json value;
+  try {
+    value = json::parse(text.begin(), text.end(), callback, true, false);
+  } catch (json::exception const& e) {
+    SPECDEC_THROW(bad_file, where, ": invalid JSON: ", e.what());
+  }
+  SPECDEC_CHECK(!too_deep, bad_file, where, ": JSON nested deeper than ", safetensors_max_depth,
+                " levels");
+  SPECDEC_CHECK(duplicate.empty(), bad_file, where, ": the name '", duplicate,
+                "' appears twice in one JSON object");
+  return value;
+}
+
+//! The whole file at `path` as text (a JSON config or tree file). Throws `errc::io` when it cannot
+//! be read and `errc::bad_file` when it exceeds `limit` bytes.
+[[nodiscard]] inline std::string read_text_file(std::filesystem::path const& path,
+                                                std::size_t limit = std::size_t{1} << 24) {
+  auto const map = mapped_file::open(path);
+  SPECDEC_CHECK(map->size() <= limit, bad_file, path.string(), ": ", map->size(),
+                " bytes, more than the ", limit, " a JSON file of this kind may have");
+  return std::string(reinterpret_cast<char const*>(map->data()), map->size());
+}
+
+//! `value` as an unsigned 64-bit integer (a JSON integer >= 0); throws `errc::bad_file` naming
+//! `what` otherwise (floats, negative numbers, strings, ...).
+[[nodiscard]] inline std::uint64_t json_unsigned(nlohmann::json const& value,
+                                                 std::string_view where, std::string_view what) {
+  SPECDEC_CHECK(
+      value.is_number_unsigned() || (value.is_number_integer() && value.get<std::int64_t>() >= 0),
+      bad_file, where, ": ", what, " must be a non-negative integer, got ", value.dump());
+  return value.get<std::uint64_t>();
+}
+
+}  // namespace detail
+
+//! One tensor of a safetensors file, as its header describes it (checked; see the file comment).
+struct safetensors_tensor {
+  std::string name;                  //!< the header's key
+  safetensors_dtype dtype = {};      //!< the element type
+  std::vector<std::uint64_t> shape;  //!< row-major dimensions (empty for a scalar)
+  std::uint64_t elements = 0;        //!< the product of `shape` (1 for a scalar)
+  std::uint64_t begin = 0;           //!< first byte in the data section
+  std::uint64_t end = 0;             //!< one past the last byte in the data section
+  std::byte const* data = nullptr;   //!< the first byte in memory ([end - begin] bytes)
+
+  //! Bytes of data (end - begin).
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return end - begin; }
+  //! The shape as text, e.g. "[512, 64]".
+  [[nodiscard]] std::string shape_text() const {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      s += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
+    return s + "]";
+  }
+};
+
+//! A parsed, checked safetensors file (see the file comment for every check). Holds the bytes it
+//! was given (a memory map it owns, or a span the caller keeps alive) and points into them.
+class safetensors_file {
+ public:
+  //! Maps and parses the file at `path`. Throws `errc::io` when it cannot be mapped and
+  //! `errc::bad_file` (naming the file and the tensor or field) for any malformed content.
+  explicit safetensors_file(std::filesystem::path const& path)
+      : map_(mapped_file::open(path)), where_(path.string()) {
+    parse(map_->bytes());
+  }
+
+  //! Parses `bytes` (which must outlive this object); `where` names them in error messages.
+  safetensors_file(std::span<std::byte const> bytes, std::string where) : where_(std::move(where)) {
+    parse(bytes);
+  }
+
+  //! The file name (or the name given with the bytes), for messages.
+  [[nodiscard]] std::string const& where() const noexcept { return where_; }
+  //! The memory map, when this object mapped the file (null for a span).
+  [[nodiscard]] std::shared_ptr<mapped_file const> const& file() const noexcept { return map_; }
+  //! Every tensor, in the order of their data (ascending offsets).
+  [[nodiscard]] std::span<safetensors_tensor const> tensors() const noexcept { return tensors_; }
+  //! The "__metadata__" strings (empty when absent).
+  [[nodiscard]] std::map<std::string, std::string> const& metadata() const noexcept {
+    return metadata_;
+  }
+  //! Bytes of the JSON header (N).
+  [[nodiscard]] std::uint64_t header_size() const noexcept { return header_size_; }
+
+  //! The tensor called `name`, or null.
+  [[nodiscard]] safetensors_tensor const* find(std::string_view name) const noexcept {
+    for (auto const& t : tensors_)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+
+  //! The tensor called `name`; throws `errc::bad_file` naming it and the file when it is missing.
+  [[nodiscard]] safetensors_tensor const& require(std::string_view name) const {
+    safetensors_tensor const* t = find(name);
+    SPECDEC_CHECK(t != nullptr, bad_file, where_, ": missing tensor '", name, "'");
+    return *t;
+  }
+
+  //! Converts `t` (a tensor of this file) to float32 into `out`, which must hold `t.elements`
+  //! floats. F16 and BF16 convert exactly (model/half.hpp). Throws `errc::unsupported` naming the
+  //! tensor for other dtypes and `errc::invalid_argument` for a wrong size of `out`.
+  void read(safetensors_tensor const& t, std::span<float> out) const {
+    SPECDEC_CHECK(out.size() == t.elements, invalid_argument, where_, ": tensor '", t.name,
+                  "' has ", t.elements, " elements, the buffer ", out.size());
+    switch (t.dtype) {
+      case safetensors_dtype::f32:
+        if (!out.empty()) std::memcpy(out.data(), t.data, out.size() * sizeof(float));
+        return;
+      case safetensors_dtype::f16:
+        half_to_float(t.data, out);
+        return;
+      case safetensors_dtype::bf16:
+        bf16_to_float(t.data, out);
+        return;
+      default:
+        SPECDEC_THROW(unsupported, where_, ": tensor '", t.name, "' has dtype ", to_string(t.dtype),
+                      ", which is not supported (F32, F16 and BF16 are)");
+    }
+  }
+
+  //! The tensor called `name` as float32 (see `read`).
+  [[nodiscard]] std::vector<float> read(std::string_view name) const {
+    safetensors_tensor const& t = require(name);
+    std::vector<float> out(static_cast<std::size_t>(t.elements));
+    read(t, out);
+    return out;
+  }
+
+ private:
+  void parse(std::span<std::byte const> bytes) {
+    detail::byte_reader r(bytes, where_);
+    header_size_ = r.read<std::uint64_t>("the header length");
+    SPECDEC_CHECK(header_size_ <= safetensors_max_header, bad_file, where_, ": a header of ",
+                  header_size_, " bytes exceeds the limit of ", safetensors_max_header);
+    SPECDEC_CHECK(header_size_ <= r.remaining(), bad_file, where_, ": the header of ", header_size_,
+                  " bytes runs past the end of the file (", bytes.size(), " bytes)");
+    auto const header = r.take(header_size_, "the header");
+    std::span<std::byte const> const data = bytes.subspan(static_cast<std::size_t>(r.offset()));
+    std::string const header_where = where_ + " (header)";
+    nlohmann::json const h = detail::parse_json(
+        std::string_view(reinterpret_cast<char const*>(header.data()), header.size()),
+        header_where);
+    SPECDEC_CHECK(h.is_object(), bad_file, where_, ": the header is not a JSON object");
+
+    tensors_.clear();
+    tensors_.reserve(h.size());
+    for (auto const& [name, entry] : h.items()) {
+      if (name == "__metadata__") {
+        SPECDEC_CHECK(entry.is_object(), bad_file, where_,
+                      ": __metadata__ is not an object of strings");
+        for (auto const& [key, value] : entry.items()) {
+          SPECDEC_CHECK(value.is_string(), bad_file, where_, ": __metadata__ entry '", key,
+                        "' is not a string");
+          metadata_.emplace(key, value.get<std::string>());
+        }
+        continue;
+      }
+      tensors_.push_back(parse_entry(name, entry, data));
+    }
+    std::sort(tensors_.begin(), tensors_.end(), [](auto const& a, auto const& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    // The tensors tile the data section: each starts where the previous one ended.
+    std::uint64_t at = 0;
+    for (auto const& t : tensors_) {
+      SPECDEC_CHECK(t.begin >= at, bad_file, where_, ": tensor '", t.name, "' (bytes ", t.begin,
+                    "..", t.end, ") overlaps the tensor before it, which ends at byte ", at);
+      SPECDEC_CHECK(t.begin == at, bad_file, where_, ": tensor '", t.name, "' starts at byte ",
+                    t.begin, " of the data, leaving a gap after byte ", at);
+      at = t.end;
+    }
+    SPECDEC_CHECK(at == data.size(), bad_file, where_, ": ", data.size() - at,
+                  " bytes after the last tensor (the data section has ", data.size(),
+                  " bytes, the tensors cover ", at, ")");
+  }
+
+  safetensors_tensor parse_entry(std::string const& name, nlohmann::json const& entry,
+                                 std::span<std::byte const> data) const {
+    std::string const what = where_ + ": tensor '" + name + "'";
+    SPECDEC_CHECK(entry.is_object(), bad_file, what, ": its entry is not an object");
+    safetensors_tensor t;
+    t.name = name;
+    auto const field = [&](char const* key) -> nlohmann::json const& {
+      auto const it = entry.find(key);
+      SPECDEC_CHECK(it != entry.end(), bad_file, what, ": missing field \"", key, "\"");
+      return *it;
+    };
+    nlohmann::json const& dtype = field("dtype");
+    SPECDEC_CHECK(dtype.is_string(), bad_file, what, ": \"dtype\" is not a string");
+    auto const parsed = parse_safetensors_dtype(dtype.get_ref<std::string const&>());
+    SPECDEC_CHECK(parsed.has_value(), unsupported, what, ": unknown dtype ", dtype.dump());
+    t.dtype = *parsed;
+
+    nlohmann::json const& shape = field("shape");
+    SPECDEC_CHECK(shape.is_array(), bad_file, what, ": \"shape\" is not an array");
+    t.elements = 1;
+    for (auto const& d : shape) {
+      std::uint64_t const dim = detail::json_unsigned(d, what, "a dimension of \"shape\"");
+      t.shape.push_back(dim);
+      t.elements = detail::checked_mul(t.elements, dim, what, "the element count");
+    }
+    std::uint64_t const bytes =
+        detail::checked_mul(t.elements, element_size(t.dtype), what, "the byte count");
+
+    nlohmann::json const& offsets = field("data_offsets");
+    SPECDEC_CHECK(offsets.is_array() && offsets.size() == 2, bad_file, what,
+                  ": \"data_offsets\" is not an array of two offsets");
+    t.begin = detail::json_unsigned(offsets[0], what, "the first data offset");
+    t.end = detail::json_unsigned(offsets[1], what, "the second data offset");
+    SPECDEC_CHECK(t.begin <= t.end, bad_file, what, ": data_offsets [", t.begin, ", ", t.end,
+                  "] are out of order");
+    SPECDEC_CHECK(t.end <= data.size(), bad_file, what, ": data_offsets [", t.begin, ", ", t.end,
+                  "] run past the end of the data section (", data.size(), " bytes)");
+    SPECDEC_CHECK(t.end - t.begin == bytes, bad_file, what, ": shape ", t.shape_text(), " of ",
+                  to_string(t.dtype), " needs ", bytes, " bytes but data_offsets [", t.begin, ", ",
+                  t.end, "] hold ", t.end - t.begin);
+    t.data = data.data() + t.begin;
+    return t;
+  }
+
+  std::shared_ptr<mapped_file const> map_;
+  std::string where_;
+  std::uint64_t header_size_ = 0;
+  std::vector<safetensors_tensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace specdec
