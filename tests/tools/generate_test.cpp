@@ -547,8 +547,10 @@ TEST_CASE("generate: options that only shape sampling are refused at temperature
     args.insert(args.end(), {"--temp", "0.8"});
     CHECK(tokens_of(gen_json(args)).size() == 4);
   }
-  CHECK(general == 4);                 // --top-k, --top-p, --min-p, --seed
-  CHECK(cases.size() == general + 4);  // medusa and hydra: --typical-epsilon, --typical-delta
+  CHECK(general == 4);  // --top-k, --top-p, --min-p, --seed
+  // No strategy has sampling-only options of its own (typical acceptance is --verifier typical,
+  // refused at temperature 0 for every strategy).
+  CHECK(cases.size() == general);
   // The penalties change greedy decoding, so they apply at temperature 0 too.
   for (char const* penalty : {"--repetition-penalty", "--frequency-penalty", "--presence-penalty"})
     CHECK(tokens_of(gen_json(once({"--strategy", "autoregressive", "-n", "4", penalty, "1.5"})))
@@ -641,9 +643,10 @@ TEST_CASE("generate: medusa and hydra read their heads, trees and verifier optio
   json const sampled = gen_json(once({"--strategy", "hydra", "--heads", hydra, "--temp", "1",
                                       "--top-p", "0.9", "--seed", "3", "-n", "32"}));
   CHECK(str(sampled.at("verifier")) == "tree (point masses)");
-  json const typical = gen_json(once({"--strategy", "medusa", "--heads", medusa, "--temp", "0.7",
-                                      "--typical-epsilon", "0.2", "-n", "32"}));
-  CHECK(str(typical.at("verifier")) == "typical acceptance (lossy), epsilon 0.2, delta 0.3");
+  json const typical =
+      gen_json(once({"--strategy", "medusa", "--heads", medusa, "--temp", "0.7", "--verifier",
+                     "typical", "--typical-epsilon", "0.2", "-n", "32"}));
+  CHECK(str(typical.at("verifier")) == "typical acceptance (lossy)");
   CHECK(tokens_of(typical).size() == 32);
 
   check_error(once({"--strategy", "medusa"}), 2, "--heads DIR");
@@ -652,11 +655,14 @@ TEST_CASE("generate: medusa and hydra read their heads, trees and verifier optio
   check_error(
       once({"--strategy", "medusa", "--heads", medusa, "--tree", written, "--tree-nodes", "8"}), 2,
       "--tree and --tree-nodes exclude each other");
-  check_error(once({"--strategy", "medusa", "--heads", medusa, "--typical-epsilon", "0.1"}), 2,
-              "--typical-epsilon applies to sampling only");
+  check_error(once({"--strategy", "medusa", "--heads", medusa, "--verifier", "typical"}), 2,
+              "--verifier typical applies to sampling only");
   check_error(
-      once({"--strategy", "medusa", "--heads", medusa, "--temp", "1", "--typical-epsilon", "1"}), 2,
-      "--typical-epsilon must be below 1");
+      once({"--strategy", "medusa", "--heads", medusa, "--temp", "1", "--typical-epsilon", "0.1"}),
+      2, "--typical-epsilon applies to --verifier typical only");
+  check_error(once({"--strategy", "medusa", "--heads", medusa, "--temp", "1", "--verifier",
+                    "typical", "--typical-epsilon", "1"}),
+              2, "--typical-epsilon must be in [0, 1)");
   // Heads of the other kind, or for another target: a run-time error naming the file.
   check_error(once({"--strategy", "hydra", "--heads", medusa}), 1, "missing \"hydra_num_heads\"");
   check_error(once({"--strategy", "medusa", "--heads", medusa, "--tree", model()}), 1,

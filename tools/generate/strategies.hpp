@@ -17,8 +17,8 @@
 // equals plain greedy decoding). Above 0 the sampler's distribution is verified losslessly: a
 // sampled draft chain (draft model, layer skip) by `speculative_sampling_verifier` with the
 // draft's q rows, deterministic candidates (prompt lookup, REST, lookahead, Medusa and Hydra heads;
-// chains or trees) by `tree_verifier`, which treats each candidate as a point mass. Medusa and
-// Hydra may opt into typical acceptance instead (--typical-epsilon / --typical-delta: lossy).
+// chains or trees) by `tree_verifier`, which treats each candidate as a point mass. Any
+// speculative strategy may opt into typical acceptance instead (--verifier typical: lossy).
 
 #include <algorithm>
 #include <cstddef>
@@ -339,25 +339,6 @@ inline constexpr option_spec write_tree{.flag = "--write-tree",
                                         .kind = value_kind::text,
                                         .help = "write the tree used to FILE (tree.json format)",
                                         .non_empty = true};
-//! medusa, hydra: typical acceptance's posterior threshold.
-inline constexpr option_spec typical_epsilon{
-    .flag = "--typical-epsilon",
-    .value_name = "E",
-    .kind = value_kind::real,
-    .help = "verify by typical acceptance (lossy): accept x if p(x) > min(E, D exp(-H(p)))",
-    .real_lo = 0.0f,
-    .real_hi = 1.0f,
-    .real_default = sd::typical_acceptance_params{}.epsilon,
-    .sampling_only = true};
-//! medusa, hydra: typical acceptance's entropy factor.
-inline constexpr option_spec typical_delta{
-    .flag = "--typical-delta",
-    .value_name = "D",
-    .kind = value_kind::real,
-    .help = "typical acceptance's factor D of exp(-H(p)) (see --typical-epsilon)",
-    .real_lo = 0.0f,
-    .real_default = sd::typical_acceptance_params{}.delta,
-    .sampling_only = true};
 
 }  // namespace opt
 
@@ -382,7 +363,7 @@ void check_ngram(option_values const& v) {
 }
 
 //! medusa, hydra: --tree and --tree-nodes exclude each other, --tree names a file (a text
-//! option, so that it is parsed before this check); epsilon stays below 1.
+//! option, so that it is parsed before this check).
 inline void check_heads(option_values const& v) {
   if (v.given(opt::tree) && v.given(opt::tree_nodes))
     throw usage_error("--tree and --tree-nodes exclude each other");
@@ -391,9 +372,6 @@ inline void check_heads(option_values const& v) {
     if (!std::filesystem::is_regular_file(*tree, ec))
       throw usage_error("--tree: no such file '" + *tree + "'");
   }
-  if (v.real(opt::typical_epsilon) >= 1.0f)
-    throw usage_error("--typical-epsilon must be below 1, got " +
-                      option_spec::number_text(v.real(opt::typical_epsilon)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -607,22 +585,6 @@ sd::sparse_tree heads_tree(session& s, Runner& runner, std::filesystem::path con
   return tree;
 }
 
-//! Runs `proposer` with the verifier the options ask for: greedy at temperature 0, else typical
-//! acceptance when --typical-epsilon / --typical-delta is given, else the tree verifier.
-template <class Proposer>
-run_output run_heads_proposer(session& s, Proposer& proposer, std::string description) {
-  option_values const& v = s.values;
-  if (!s.greedy && (v.given(opt::typical_epsilon) || v.given(opt::typical_delta))) {
-    sd::typical_acceptance_params const params{v.real(opt::typical_epsilon),
-                                               v.real(opt::typical_delta)};
-    return run_speculative(
-        s, proposer, sd::typical_acceptance_verifier(params), std::move(description),
-        "typical acceptance (lossy), epsilon " + option_spec::number_text(params.epsilon) +
-            ", delta " + option_spec::number_text(params.delta));
-  }
-  return run_candidates(s, proposer, std::move(description));
-}
-
 //! The --heads directory, checked.
 inline std::filesystem::path heads_directory(option_values const& v) {
   std::filesystem::path const dir = *v.text(opt::heads);
@@ -641,8 +603,8 @@ inline run_output run_medusa(session& s) {
   sd::medusa_proposer proposer(
       runner,
       heads_tree(s, runner, dir, sd::measure_medusa_accuracy<sd::cpu_medusa_heads>, tree_text));
-  return run_heads_proposer(
-      s, proposer, "Medusa, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
+  return run_candidates(s, proposer,
+                        "Medusa, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
 }
 
 //! hydra: Hydra heads (sequentially dependent) draft a sparse tree.
@@ -655,8 +617,8 @@ inline run_output run_hydra(session& s) {
   sd::hydra_proposer proposer(
       runner,
       heads_tree(s, runner, dir, sd::measure_hydra_accuracy<sd::cpu_hydra_heads>, tree_text));
-  return run_heads_proposer(
-      s, proposer, "Hydra, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
+  return run_candidates(s, proposer,
+                        "Hydra, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -686,9 +648,8 @@ inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth,
 inline constexpr option_spec const* lookahead[] = {&opt::lookahead_window, &opt::lookahead_ngram,
                                                    &opt::lookahead_guesses};
 inline constexpr option_spec const* jacobi[] = {&opt::chain_length};
-inline constexpr option_spec const* heads[] = {&opt::heads,           &opt::tree,
-                                               &opt::tree_nodes,      &opt::write_tree,
-                                               &opt::typical_epsilon, &opt::typical_delta};
+inline constexpr option_spec const* heads[] = {&opt::heads, &opt::tree, &opt::tree_nodes,
+                                               &opt::write_tree};
 }  // namespace strategy_options
 
 //! Every strategy, in --help order.
