@@ -29,8 +29,8 @@ namespace detail {
 //! a * b, throwing `errc::bad_file` (naming `where` and `what`) if it overflows 64 bits.
 [[nodiscard]] inline std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b,
                                                std::string_view where, std::string_view what) {
-  SPECDEC_CHECK(a == 0 || b <= std::numeric_limits<std::uint64_t>::max() / a, bad_file, where,
-                ": ", what, " overflows (", a, " * ", b, ")");
+  SPECDEC_CHECK(a == 0 || b <= std::numeric_limits<std::uint64_t>::max() / a, bad_file, where, ": ",
+                what, " overflows (", a, " * ", b, ")");
   return a * b;
 }
 
