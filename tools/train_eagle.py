@@ -290,7 +290,10 @@ class EagleHead(torch.nn.Module):
         }
         if self.version == 3:
             out["draft_vocab_size"] = self.lm_head.shape[0]
-            out["eagle_aux_hidden_state_layer_ids"] = list(self.feature_layers)
+            # vLLM's key and meaning (and the reference's): the layers whose INPUT residual
+            # stream is taken; the input of layer l + 1 is the output of layer l, and id n_layers
+            # is the last layer's output (before the final norm)
+            out["eagle_aux_hidden_state_layer_ids"] = [l + 1 for l in self.feature_layers]
         out.update({
             "bias": self.version == 1, "tie_word_embeddings": self.version == 1,
             "bos_token_id": BOS, "eos_token_id": EOS, "torch_dtype": "float32",
@@ -627,7 +630,7 @@ def reload(kind, out_dir, target):
     cfg = json.load(open(os.path.join(out_dir, "config.json")))
     version = cfg["eagle_version"]
     assert VERSION[kind] == version and cfg["rope_style"] == "interleaved"
-    layers = cfg.get("eagle_aux_hidden_state_layer_ids", ())
+    layers = [l - 1 for l in cfg.get("eagle_aux_hidden_state_layer_ids", ())]
     head = EagleHead(version, target.cfg, target.tok_embeddings, torch.Generator().manual_seed(0),
                      layers)
     assert head.config(cfg["base_model_name_or_path"]) == cfg, f"{out_dir}: config differs"
@@ -701,7 +704,8 @@ def parser():
     ap.add_argument("--seed", type=int, default=14)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eagle3-layers", default="0,2,4",
-                    help="EAGLE-3's feature: the residual streams at the output of these layers")
+                    help="EAGLE-3's feature: the residual streams at the OUTPUT of these layers "
+                    "(0-based; config.json names the layers whose input they are, one more)")
     ap.add_argument("--bos-stories", type=int, default=2048, help="training stories from BOS")
     ap.add_argument("--prompt-stories", type=int, default=32,
                     help="training stories per fixture prompt")
