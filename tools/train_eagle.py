@@ -109,17 +109,11 @@ class EagleHead(torch.nn.Module):
         self.up = P(_linear_init(hid, d, gen))
         self.down = P(_linear_init(d, hid, gen))
 
-    @property
-    def feature_size(self):
-        return self.cfg.dim * (3 if self.version == 3 else 1)
-
-    def vocab_size(self):
-        return self.embedding.shape[0] if self.version == 1 else self.lm_head.shape[0]
-
     # -- pieces of a row ----------------------------------------------------------------------
 
     def project(self, h, tokens):
-        """h [..., feature_size or dim], tokens [...] -> (residual [..., dim], attention input)."""
+        """h [..., F or dim] (F: a target feature's width, dim or 3 dim), tokens [...] ->
+        (residual [..., dim], attention input [..., dim or 2 dim])."""
         e = self.embedding[tokens]
         if self.version == 1:
             x = F.linear(torch.cat((e, h), -1), self.fc, self.fc_bias)
@@ -188,7 +182,7 @@ class EagleHead(torch.nn.Module):
         return torch.cat(outs, 1).view(B, nh, T, hs).transpose(1, 2)
 
     def causal(self, feats, tokens):
-        """Rows 0..T-1 of sequences, causal from an empty cache: feats [B, T, feature_size],
+        """Rows 0..T-1 of sequences, causal from an empty cache: feats [B, T, F],
         tokens [B, T] (row i's token, x_{i+1}), positions 0..T-1.
         Returns (out_hidden [B, T, dim], k, v [B, T, n_heads, hs])."""
         res, a = self.project(feats, tokens)
@@ -198,7 +192,7 @@ class EagleHead(torch.nn.Module):
     def ttt(self, feats, tokens, chain_tokens, steps):
         """The training-time test (EAGLE-3's; also the chain drafting at every row at once).
 
-        feats [B, T, feature_size], tokens [B, T]: the causal rows (step 0). chain_tokens
+        feats [B, T, F], tokens [B, T]: the causal rows (step 0). chain_tokens
         [B, T, >= steps - 1]: the token of row i at step j >= 1 is chain_tokens[:, i, j - 1]; its
         h is row i's out_hidden of step j - 1, its position i + j, and it attends to the step-0
         rows 0..i and to its own rows of steps 1..j (the drafted chain's node at depth j + 1
@@ -281,7 +275,8 @@ class EagleHead(torch.nn.Module):
     def config(self, base):
         c = self.cfg
         out = {
-            "architectures": ["LlamaForCausalLM" if self.version == 1 else "LlamaForCausalLMEagle3"],
+            "architectures": [
+                "LlamaForCausalLM" if self.version == 1 else "LlamaForCausalLMEagle3"],
             "model_type": "llama", "hidden_act": "silu", "hidden_size": c.dim,
             "intermediate_size": c.hidden_dim, "num_attention_heads": c.n_heads,
             "num_key_value_heads": c.n_kv_heads, "num_hidden_layers": 1,
@@ -584,7 +579,8 @@ def simulate(head, target, sequences, new_tokens, depth, top_k, nodes, caches=No
             node, m = -1, 0
             while True:  # the target's greedy path through the tree
                 nxt = seq[t + 1 + m]
-                hit = [n for n, (tok, parent, _) in enumerate(tree) if parent == node and tok == nxt]
+                hit = [n for n, (tok, parent, _) in enumerate(tree)
+                       if parent == node and tok == nxt]
                 if not hit:
                     break
                 node, m = hit[0], m + 1
@@ -668,12 +664,14 @@ def write_golden(kind, head, target, seq, out_dir):
                "features": feats, "out_hidden": out, "logits": logits,
                "chain_tokens": i32(chain_tokens),
                "chain_positions": i32([T + j for j in range(GOLDEN_CHAIN)]),
-               "chain_out_hidden": torch.stack(chain_out), "chain_logits": torch.stack(chain_logits)}
+               "chain_out_hidden": torch.stack(chain_out),
+               "chain_logits": torch.stack(chain_logits)}
     path = os.path.join(out_dir, "golden.safetensors")
     size = safetensors.write(path, tensors, "F32", {"format": "pt"})
     # the same rows through the training-time path (all chain rows at once) must agree
-    outs = head.ttt(feats[None], tokens[:, 1:], torch.tensor([[[0] * (GOLDEN_CHAIN)] * (T - 1)
-                                                             + [chain_tokens]]), GOLDEN_CHAIN + 1)
+    chain = torch.zeros((1, T, GOLDEN_CHAIN), dtype=torch.long)  # only row T-1's chain matters
+    chain[0, T - 1] = torch.tensor(chain_tokens)
+    outs = head.ttt(feats[None], tokens[:, 1:], chain, GOLDEN_CHAIN + 1)
     diff = max((outs[j + 1][0, -1] - chain_out[j]).abs().max().item()
                for j in range(GOLDEN_CHAIN))
     assert diff < 1e-4, f"chain rows differ between the two paths by {diff}"
@@ -869,7 +867,8 @@ def main():
         for b in held[:4]:
             feats, tokens = b.rows(head.version)
             chain = shifted(b.chains, 0)
-            for o1, o2 in zip(head.ttt(feats, tokens, chain, 3), reread.ttt(feats, tokens, chain, 3)):
+            for o1, o2 in zip(head.ttt(feats, tokens, chain, 3),
+                              reread.ttt(feats, tokens, chain, 3)):
                 diff = max(diff, (head.logits(o1) - reread.logits(o2)).abs().max().item())
         assert diff == 0.0, f"{out}: re-read head differs by {diff}"
         golden_seq = [BOS] + [int(x) for x in open(args.reference).read().split()][:GOLDEN_ROWS]
