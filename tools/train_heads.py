@@ -24,8 +24,6 @@ Run from the repository root:
 """
 
 import argparse
-import ctypes
-import hashlib
 import heapq
 import json
 import math
@@ -38,6 +36,7 @@ import torch.nn.functional as F
 
 from training import safetensors
 from training.llama import BOS, EOS, read_legacy
+from training.runtime import keep_freed_memory, sha256
 from training.teacher import check_teacher, greedy, greedy_chains, sample_continuations
 from training.tokenizer import Tokenizer
 
@@ -410,10 +409,6 @@ def simulate(heads, target, prompts, tree, new_tokens):
 # Files
 
 
-def sha256(path):
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
 def export(kind, heads, out_dir, dtype, base, tree):
     """Writes config.json, the safetensors file and tree.json into out_dir; returns file info."""
     os.makedirs(out_dir, exist_ok=True)
@@ -462,18 +457,6 @@ def convert(args):
 
 
 # ----------------------------------------------------------------------------------------------
-
-
-def keep_freed_memory():
-    """glibc gives large freed blocks back to the kernel, so every large tensor is page-faulted
-    in again; keeping them on the heap makes the training about twice as fast (no numeric
-    effect). M_TRIM_THRESHOLD = -1, M_MMAP_THRESHOLD = -3."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-1, 1 << 30)
-        libc.mallopt(-3, 1 << 30)
-    except OSError:
-        pass
 
 
 def main():

@@ -81,10 +81,12 @@ def rms_norm(x, weight, eps):
 
 
 def apply_rope(x, cos, sin):
-    """x [B, T, heads, head_size]; rotates the interleaved pairs (2i, 2i+1) of every head."""
+    """x [..., T, heads, head_size]; rotates the interleaved pairs (2i, 2i+1) of every head by the
+    angles of cos, sin [..., T, head_size / 2] (one row per token, broadcast over the heads and
+    over leading dimensions they lack: [T, head_size / 2] for a batch at consecutive positions)."""
     pairs = x.reshape(*x.shape[:-1], -1, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
 
 
@@ -182,7 +184,16 @@ class Llama(torch.nn.Module):
         Without a cache the attention is causal over the T tokens (start_pos must be 0); with a
         cache the new keys/values are written at start_pos.. and attention covers 0..start_pos+T.
         """
+        return self.hidden_and_residuals(tokens, (), start_pos, cache)[0]
+
+    def hidden_and_residuals(self, tokens, layers, start_pos=0, cache=None):
+        """As `hidden`, and the residual stream at the output of each layer in `layers` (0-based
+        indices, before the final RMSNorm; layer n_layers - 1's is the final norm's input):
+        returns (hidden [B, T, dim], [residual [B, T, dim] per entry of `layers`, in its order]).
+        """
         c = self.cfg
+        assert all(0 <= l < c.n_layers for l in layers), f"layers {layers} outside the model"
+        kept = {}
         B, T = tokens.shape
         nh, nkv, hs = c.n_heads, c.n_kv_heads, c.head_size
         assert start_pos + T <= c.seq_len, "context overflow"
@@ -209,7 +220,9 @@ class Llama(torch.nn.Module):
             x = x + o @ self.wo[layer].T
             h = rms_norm(x, self.rms_ffn[layer], c.rms_eps)
             x = x + (F.silu(h @ self.w1[layer].T) * (h @ self.w3[layer].T)) @ self.w2[layer].T
-        return rms_norm(x, self.rms_final, c.rms_eps)
+            if layer in layers:
+                kept[layer] = x
+        return rms_norm(x, self.rms_final, c.rms_eps), [kept[l] for l in layers]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ and may hold "__metadata__", a map of strings to strings. Data is little-endian,
 tensors packed back to back in header order with no gaps; the header is padded with spaces to a
 multiple of 8 bytes, as the reference writer does.
 
-F32, F16 and BF16 (bfloat16 rounded to nearest even from float32, as torch converts)."""
+Floating tensors are written as F32, F16 or BF16 (bfloat16 rounded to nearest even from float32,
+as torch converts); integer and boolean tensors keep their type: torch.int32 as I32, torch.int64 as
+I64, torch.bool as BOOL (one byte, 0 or 1), as the `safetensors` package writes them."""
 
 import json
 import struct
@@ -14,12 +16,24 @@ import struct
 import numpy as np
 import torch
 
-DTYPES = ("F32", "F16", "BF16")
-ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2}
+DTYPES = ("F32", "F16", "BF16")  # the float types a file may be written in
+INTEGER_DTYPES = {torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL"}
+INTEGER_NUMPY = {"I32": "<i4", "I64": "<i8", "BOOL": "u1"}
+ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "I64": 8, "BOOL": 1}
+
+
+def _file_dtype(t, dtype):
+    """The header dtype of tensor t written by `write(..., dtype)`."""
+    if t.dtype in INTEGER_DTYPES:
+        return INTEGER_DTYPES[t.dtype]
+    assert t.dtype.is_floating_point, f"unsupported tensor type {t.dtype}"
+    return dtype
 
 
 def _encode(t, dtype):
-    """float tensor -> little-endian bytes in `dtype`."""
+    """tensor -> little-endian bytes in `dtype` (a float type, or the tensor's integer type)."""
+    if dtype in INTEGER_NUMPY:
+        return t.detach().contiguous().numpy().astype(INTEGER_NUMPY[dtype]).tobytes()
     t = t.detach().to(torch.float32).contiguous()
     if dtype == "F32":
         return t.numpy().astype("<f4").tobytes()
@@ -31,7 +45,14 @@ def _encode(t, dtype):
 
 
 def _decode(raw, dtype, shape):
-    """little-endian bytes in `dtype` -> float32 tensor of `shape`."""
+    """little-endian bytes in `dtype` -> tensor of `shape`: float32 for the float types, int32,
+    int64 or bool for I32, I64, BOOL (a BOOL byte other than 0 or 1 is an error)."""
+    if dtype in INTEGER_NUMPY:
+        a = np.frombuffer(raw, dtype=INTEGER_NUMPY[dtype])
+        if dtype == "BOOL":
+            assert (a <= 1).all(), "BOOL tensor with a byte other than 0 or 1"
+            return torch.from_numpy(a.astype(np.bool_)).reshape(shape)
+        return torch.from_numpy(a.astype(a.dtype.newbyteorder("="))).reshape(shape)
     if dtype == "F32":
         a = np.frombuffer(raw, dtype="<f4").astype(np.float32)
     elif dtype == "F16":
@@ -44,8 +65,9 @@ def _decode(raw, dtype, shape):
 
 
 def write(path, tensors, dtype="F32", metadata=None):
-    """Writes `tensors` (an ordered mapping name -> float tensor) to `path` in `dtype`, data in
-    the mapping's order; `metadata` (str -> str) goes to "__metadata__". Returns the file size."""
+    """Writes `tensors` (an ordered mapping name -> tensor) to `path`, floating tensors in
+    `dtype`, integer and boolean ones in their own type (I32, I64, BOOL), data in the mapping's
+    order; `metadata` (str -> str) goes to "__metadata__". Returns the file size."""
     assert dtype in DTYPES, f"unsupported dtype {dtype}; one of {DTYPES}"
     header, blobs, offset = {}, [], 0
     if metadata:
@@ -53,9 +75,10 @@ def write(path, tensors, dtype="F32", metadata=None):
         header["__metadata__"] = dict(metadata)
     for name, t in tensors.items():
         assert name != "__metadata__" and name not in header, f"bad or repeated name {name!r}"
-        blob = _encode(t, dtype)
-        assert len(blob) == t.numel() * ITEM_SIZE[dtype]
-        header[name] = {"dtype": dtype, "shape": list(t.shape),
+        file_dtype = _file_dtype(t, dtype)
+        blob = _encode(t, file_dtype)
+        assert len(blob) == t.numel() * ITEM_SIZE[file_dtype]
+        header[name] = {"dtype": file_dtype, "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
@@ -68,9 +91,9 @@ def write(path, tensors, dtype="F32", metadata=None):
 
 
 def read(path):
-    """Reads a file written by `write` (or any F32/F16/BF16 safetensors file), checking every
-    offset and shape against the header and the file size. Returns (tensors as float32 in file
-    order, {name: dtype}, metadata)."""
+    """Reads a file written by `write` (or any safetensors file of F32/F16/BF16/I32/I64/BOOL
+    tensors), checking every offset and shape against the header and the file size. Returns
+    (tensors in file order, float ones as float32, {name: dtype}, metadata)."""
     raw = open(path, "rb").read()
     assert len(raw) >= 8, f"{path}: shorter than the 8-byte header length"
     (n,) = struct.unpack_from("<Q", raw, 0)
