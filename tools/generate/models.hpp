@@ -54,6 +54,9 @@ class lm_backend {
   [[nodiscard]] virtual std::size_t hidden_size() const = 0;
   virtual void forward(sd::forward_request const& req, sd::forward_result& out) = 0;
   [[nodiscard]] virtual lm_cache& cache() = 0;
+  //! Makes room for `positions` ahead of the forwards where the backend can (cpu_llama checks
+  //! the memory a request needs before it starts: decode/common.hpp's `reserve_context`).
+  virtual void reserve(std::size_t positions) = 0;
 };
 
 //! A model on the device --device named (a `causal_lm`; move-only). The virtual call per forward
@@ -71,6 +74,8 @@ class lm {
   }
   [[nodiscard]] lm_cache& cache() { return backend_->cache(); }
   [[nodiscard]] lm_cache const& cache() const { return backend_->cache(); }
+  //! See `lm_backend::reserve`.
+  void reserve(std::size_t positions) { backend_->reserve(positions); }
 
  private:
   std::unique_ptr<lm_backend> backend_;
@@ -89,6 +94,9 @@ class lm_model final : public lm_backend {
     model_.forward(req, out);
   }
   [[nodiscard]] lm_cache& cache() override { return cache_; }
+  void reserve(std::size_t positions) override {
+    if constexpr (requires(M & m, std::size_t n) { m.reserve(n); }) model_.reserve(positions);
+  }
 
  private:
   class cache_of final : public lm_cache {

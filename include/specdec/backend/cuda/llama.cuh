@@ -117,7 +117,7 @@ class cuda_llama {
       cache_ = std::make_unique<cuda_kv_cache>(config_.n_layers, config_.kv_dim(), max_context_,
                                                stream_);
       check_attention_limits();
-      reserve(std::max<std::size_t>(options.max_batch, 1));
+      reserve_batch(std::max<std::size_t>(options.max_batch, 1));
       reserve_inputs(4 * std::max<std::size_t>(options.max_batch, 1) + 2);
     } catch (...) {
       destroy();
@@ -266,7 +266,7 @@ class cuda_llama {
   }
 
   // Activation buffers for `n` tokens; reallocating them invalidates the captured graphs.
-  void reserve(std::size_t n) {
+  void reserve_batch(std::size_t n) {
     if (n <= reserved_) return;
     graphs_.clear();
     auto const d = static_cast<std::size_t>(config_.dim);
@@ -355,7 +355,7 @@ class cuda_llama {
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
-    reserve(std::max(n, rows));
+    reserve_batch(std::max(n, rows));
     reserve_inputs(1 + 2 * n + rows + 1 + 2 * n * words);
 
     // The host staging may still feed the previous forward's copy.
