@@ -174,9 +174,11 @@ class step_verifier {
     cu[1] = static_cast<std::int32_t>(n);
     auto* tokens = reinterpret_cast<token_id*>(h + l.tokens);
     auto* parents = reinterpret_cast<std::int32_t*>(h + l.parents);
+    bool chain = true;  // a chain goes without parents (the launchers' one-launch chain path)
     for (std::size_t i = 0; i < n; ++i) {
       tokens[i] = tree.token(static_cast<node_index>(i));
       parents[i] = tree.parent(static_cast<node_index>(i));
+      chain = chain && parents[i] == static_cast<std::int32_t>(i) - 1;
     }
     auto* hist_cu = reinterpret_cast<std::int32_t*>(h + l.hist_cu);
     hist_cu[0] = 0;
@@ -203,7 +205,7 @@ class step_verifier {
     in.target = host ? reinterpret_cast<float const*>(d + l.rows) : device_data;
     in.target_stride = host ? static_cast<std::int64_t>(vocab) : static_cast<std::int64_t>(stride);
     in.tokens = reinterpret_cast<token_id const*>(d + l.tokens);
-    in.parents = reinterpret_cast<std::int32_t const*>(d + l.parents);
+    in.parents = chain ? nullptr : reinterpret_cast<std::int32_t const*>(d + l.parents);
     in.q = with_q ? reinterpret_cast<float const*>(d + l.q) : nullptr;
     in.q_stride = static_cast<std::int64_t>(vocab);
     in.history = hist.empty() ? nullptr : reinterpret_cast<token_id const*>(d + l.history);
