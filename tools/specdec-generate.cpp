@@ -1,4 +1,5 @@
-// specdec-generate: speculative generation on the CPU with a choice of strategy (the table in
+// specdec-generate: speculative generation on the CPU or a CUDA device (--device, --dtype;
+// tools/generate/models.hpp) with a choice of strategy (the table in
 // tools/generate/strategies.hpp), streaming the text as tokens are committed, then a statistics
 // table; --compare adds the autoregressive baseline and the speedup, --json prints one JSON object
 // instead, --stream-json a JSON line per token then that object, --report a picture of the run.
@@ -300,6 +301,11 @@ int run(command_line const& cmd) {
   // run time (corrupt files, mismatched vocabularies, a prompt beyond the context).
   option_values const& v = cmd.values;
   strategy const& chosen = *cmd.chosen;
+  device_kind const device =
+      v.text(opt::device).value_or("cpu") == "cuda" ? device_kind::cuda : device_kind::cpu;
+  sd::weight_dtype const dtype =
+      sd::parse_weight_dtype(v.text(opt::dtype).value_or("f32")).value_or(sd::weight_dtype::f32);
+  if (device == device_kind::cuda) require_cuda_device();  // before any file is read
   sd::file_access const access =
       v.flag(opt::no_mmap) ? sd::file_access::read : sd::file_access::map;
   auto const weights =
@@ -349,7 +355,7 @@ int run(command_line const& cmd) {
 
   sd::cpu_llama_options const model_options{
       .threads = static_cast<std::size_t>(v.count(opt::threads)), .max_context = context};
-  sd::cpu_llama target(weights, model_options);
+  lm target = make_lm(device, dtype, weights, model_options);
   session s{v,
             weights,
             target,
@@ -360,7 +366,9 @@ int run(command_line const& cmd) {
             params.temperature == 0.0f,
             {},
             std::nullopt,
-            access};
+            access,
+            device,
+            dtype};
   if (v.text(opt::verifier).value_or("auto") == "typical")
     s.typical = sd::typical_acceptance_params{.epsilon = v.real(opt::typical_epsilon),
                                               .delta = v.real(opt::typical_delta)};

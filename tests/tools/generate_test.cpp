@@ -232,6 +232,42 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
   }
 }
 
+TEST_CASE("generate: --device and --dtype") {
+  check_error(once({"--strategy", "autoregressive", "--device", "tpu"}), 2,
+              "unknown device 'tpu' (cpu, cuda)");
+  check_error(once({"--strategy", "autoregressive", "--dtype", "fp8"}), 2,
+              "unknown dtype 'fp8' (f32, f16, bf16)");
+  check_error(once({"--strategy", "autoregressive", "--dtype", "bf16"}), 2,
+              "--dtype bf16 needs --device cuda");
+  check_error(once({"--strategy", "autoregressive", "--device", "cpu", "--dtype", "f16"}), 2,
+              "--dtype f16 needs --device cuda");
+  // The CPU is the default device and f32 its only dtype.
+  CHECK(tokens_of(gen_json(once({"--strategy", "autoregressive", "-n", "16", "--device", "cpu",
+                                 "--dtype", "f32"}))) == reference_continuation(16));
+  // --device cuda: the greedy output on a device, or a one-line error saying what is missing
+  // (this build's CUDA support, else a device), before any model file is read.
+  for (std::vector<std::string> const& strategy :
+       {std::vector<std::string>{"--strategy", "autoregressive"},
+        std::vector<std::string>{"--strategy", "draft", "--draft", model()},
+        std::vector<std::string>{"--strategy", "prompt-lookup"}}) {
+    std::vector<std::string> args = once({"-n", "48", "--device", "cuda", "--json"});
+    args.insert(args.end(), strategy.begin(), strategy.end());
+    CAPTURE(strategy[1]);
+    process_result const r = gen(args);
+    INFO("stderr: " << r.err);
+    if (r.status == 0) {
+      CHECK(tokens_of(parse_json(r.out)) == reference_continuation(48));
+      continue;
+    }
+#if defined(SPECDEC_TOOLS_WITH_CUDA)
+    std::string const why = "--device cuda: no";  // no usable device / no device present
+#else
+    std::string const why = "--device cuda: this specdec-generate was built without CUDA";
+#endif
+    check_error(args, 1, why);
+  }
+}
+
 TEST_CASE("generate: the default strategy") {
   CHECK(str(gen_json(once({"-n", "4"})).at("strategy")) == "prompt-lookup");
   CHECK(str(gen_json(once({"-n", "4", "--draft", model()})).at("strategy")) == "draft");

@@ -65,6 +65,22 @@ inline constexpr option_spec context{.flag = "--context",
                                      .default_text = "the model's seq_len",
                                      .count_lo = 1,
                                      .count_hi = std::uint64_t{1} << 24};
+inline constexpr option_spec device{
+    .flag = "--device",
+    .value_name = "NAME",
+    .kind = value_kind::text,
+    .help =
+        "where the models run: 'cpu', or 'cuda' (the current CUDA device; needs a build with "
+        "CUDA)",
+    .default_text = "cpu"};
+inline constexpr option_spec dtype{
+    .flag = "--dtype",
+    .value_name = "TYPE",
+    .kind = value_kind::text,
+    .help =
+        "the models' matrices on the device: 'f32', 'f16' or 'bf16' (products accumulate in "
+        "f32; f16 and bf16 need --device cuda)",
+    .default_text = "f32"};
 inline constexpr option_spec no_mmap{
     .flag = "--no-mmap",
     .help =
@@ -256,8 +272,9 @@ struct option_group {
 
 //! The general options by group.
 namespace general_options {
-inline constexpr option_spec const* model[] = {&opt::model, &opt::tokenizer, &opt::threads,
-                                               &opt::context, &opt::no_mmap};
+inline constexpr option_spec const* model[] = {&opt::model,  &opt::tokenizer, &opt::device,
+                                               &opt::dtype,  &opt::threads,   &opt::context,
+                                               &opt::no_mmap};
 inline constexpr option_spec const* sampling[] = {&opt::temperature,
                                                   &opt::top_k,
                                                   &opt::top_p,
@@ -395,6 +412,15 @@ inline std::string help_text() {
 inline void check_general(std::map<std::string_view, std::vector<std::string>> const& raw,
                           option_values const& v, generate::strategy const& chosen) {
   auto const given = [&](option_spec const& o) { return raw.contains(o.flag); };
+  std::string const device = v.text(opt::device).value_or("cpu");
+  if (device != "cpu" && device != "cuda")
+    throw usage_error("unknown device '" + device + "' (cpu, cuda)");
+  std::string const dtype = v.text(opt::dtype).value_or("f32");
+  if (!specdec::parse_weight_dtype(dtype))
+    throw usage_error("unknown dtype '" + dtype + "' (f32, f16, bf16)");
+  if (dtype != "f32" && device != "cuda")
+    throw usage_error("--dtype " + dtype +
+                      " needs --device cuda (the CPU backend computes in float32)");
   if (given(opt::json) && given(opt::stream_json))
     throw usage_error("give --json or --stream-json, not both");
   if (given(opt::logprobs) && !given(opt::json) && !given(opt::stream_json))

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "generate/models.hpp"
 #include "generate/option.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
@@ -74,12 +75,13 @@ struct run_output {
 };
 
 //! What every strategy runs against: the parsed options, the loaded target, the prompt, the
-//! decode configuration and sampling policy, the verifier asked for, and what observes the run
-//! (the streamed text, --stream-json, --logprobs, --report; empty for timed runs).
+//! decode configuration and sampling policy, the verifier asked for, what observes the run
+//! (the streamed text, --stream-json, --logprobs, --report; empty for timed runs), and the device
+//! its models run on (models.hpp; build them with `make_lm`).
 struct session {
   option_values const& values;                       //!< every option given
   std::shared_ptr<sd::llama_weights const> weights;  //!< the target's weights
-  sd::cpu_llama& target;                             //!< the target model
+  lm& target;                                        //!< the target model
   sd::cpu_llama_options model_options;   //!< options of another model instance (draft, layer skip)
   std::span<sd::token_id const> prompt;  //!< BOS + the encoded prompt
   sd::decode_config config;              //!< stops, length, seed (no node cap)
@@ -89,8 +91,26 @@ struct session {
   //! --verifier typical: typical acceptance with these parameters instead of the lossless
   //! verifier the strategy and temperature call for.
   std::optional<sd::typical_acceptance_params> typical;
-  sd::file_access access = sd::file_access::map;  //!< how model files are read (--no-mmap)
+  sd::file_access access = sd::file_access::map;   //!< how model files are read (--no-mmap)
+  device_kind device = device_kind::cpu;           //!< where the models run (--device)
+  sd::weight_dtype dtype = sd::weight_dtype::f32;  //!< their matrices on a CUDA device (--dtype)
 };
+
+//! A model over `weights` on `device`: a cpu_llama with `options`, or a cuda_llama with the
+//! context of `options` and its matrices as `dtype`.
+inline lm make_lm(device_kind device, sd::weight_dtype dtype,
+                  std::shared_ptr<sd::llama_weights const> weights,
+                  sd::cpu_llama_options const& options) {
+  if (device == device_kind::cuda)
+    return lm(make_cuda_backend(weights, dtype, options.max_context));
+  return lm(std::make_unique<lm_model<sd::cpu_llama>>(std::move(weights), options));
+}
+
+//! A model over `weights` on the session's device (see above).
+inline lm make_lm(session const& s, std::shared_ptr<sd::llama_weights const> weights,
+                  sd::cpu_llama_options const& options) {
+  return make_lm(s.device, s.dtype, std::move(weights), options);
+}
 
 //! Runs one request with `proposer` and `verifier`; the decoder takes the node budget of each
 //! step from the proposer (`max_nodes()`). With --verifier typical, the typical acceptance
@@ -421,11 +441,10 @@ inline run_output run_draft(session& s) {
   }
   if (s.values.given(opt::draft_context))
     options.max_context = static_cast<std::size_t>(s.values.count(opt::draft_context));
-  sd::cpu_llama draft(weights, options);
+  lm draft = make_lm(s, weights, options);
   sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::draft_model_proposer<sd::cpu_llama, sd::sampler, M> proposer(draft, s.target, s.policy,
-                                                                     chain);
+    sd::draft_model_proposer<lm, sd::sampler, M> proposer(draft, s.target, s.policy, chain);
     return run_speculative(s, proposer, chain_verifier<M>{},
                            "draft model, " + chain_description(chain), chain_verifier_name<M>);
   });
@@ -445,8 +464,8 @@ inline run_output run_layer_skip(session& s) {
   std::string layer_list;
   for (std::int32_t l : layers) layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, M> proposer(
-        {.skip_layers = layers, .draft = chain}, s.policy, s.weights, s.model_options);
+    sd::layer_skip_proposer<lm, sd::sampler, M> proposer(
+        {.skip_layers = layers, .draft = chain}, s.policy, make_lm(s, s.weights, s.model_options));
     return run_speculative(s, proposer, chain_verifier<M>{},
                            "layer skip (layers " + layer_list + "), " + chain_description(chain),
                            chain_verifier_name<M>);

@@ -82,7 +82,8 @@ struct token_event {
   std::size_t depth = 1;
   bool drafted = false;  //!< an accepted draft token; false for the step's bonus token
   //! [vocab] the target's logits row that scored the token (the row of its parent node, before
-  //! any sampling parameter), valid during the call only.
+  //! any sampling parameter), valid during the call only; empty when the decoder keeps the rows
+  //! on the target's device (speculative_decoder.hpp).
   std::span<float const> logits;
 };
 
@@ -181,7 +182,7 @@ struct token_origin {
   std::size_t step = 0;           //!< the decode step
   std::size_t depth = 1;          //!< the depth below the step's root
   bool drafted = false;           //!< an accepted draft token (else the bonus)
-  std::span<float const> logits;  //!< the target row that scored it
+  std::span<float const> logits;  //!< the target row that scored it (empty: on the device)
 };
 
 //! Emits tokens one at a time and decides when a request stops. Owns the committed sequence

@@ -31,6 +31,14 @@
 //! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0;
 //! proposers that sample draw from it first, then the verifier reads its words and advances it by
 //! the tree size, so a request is reproducible from its seed.
+//!
+//! Where the target's rows live is the model's and the verifier's business, settled at compile
+//! time (`detail::step_result_t`): a model that can leave its logits on its device declares
+//! `device_forward_result` (e.g. `cuda_llama`), and when the verifier's `verify` takes that
+//! result's `logits_view()` (e.g. `cuda::step_verifier`) and the proposer reads no target rows or
+//! hidden states, the decoder asks for that result, so that a step copies no logits row to the
+//! host. The loop is the same; token events then carry no logits row (`token_event::logits` is
+//! empty).
 
 #include <algorithm>
 #include <chrono>
@@ -58,6 +66,32 @@
 #include "specdec/decode/detail/phase_timer.hpp"
 
 namespace specdec {
+
+namespace detail {
+
+//! The forward result `speculative_decoder` asks the target for (see the file comment): the
+//! model's `device_forward_result` when the verifier verifies its rows and the proposer reads no
+//! target rows or hidden states on the host; `forward_result` otherwise.
+template <class Model, class Proposer, class Verifier, class Policy>
+struct step_result {
+  using type = forward_result;
+};
+
+template <class Model, class Proposer, class Verifier, class Policy>
+requires(!needs_target_hidden_v<Proposer> && !has_auxiliary_tokens_v<Proposer>) &&
+    requires(Verifier& v, draft_tree const& tree, typename Model::device_forward_result const& r,
+             Policy const& policy, token_history history, philox& rng, verify_result& out) {
+  v.verify(tree, r.logits_view().subrows(0, 1), policy, history, rng, out);
+}
+struct step_result<Model, Proposer, Verifier, Policy> {
+  using type = typename Model::device_forward_result;
+};
+
+//! `step_result<...>::type`.
+template <class Model, class Proposer, class Verifier, class Policy>
+using step_result_t = typename step_result<Model, Proposer, Verifier, Policy>::type;
+
+}  // namespace detail
 
 //! Speculative decoding of one sequence at a time: DESIGN.md's loop (see the file comment).
 //!
@@ -93,6 +127,9 @@ class speculative_decoder {
   using proposer_type = Proposer;  //!< the drafting strategy
   using verifier_type = Verifier;  //!< the acceptance rule
   using policy_type = Policy;      //!< the sampling policy
+  //! What the target's forward fills: `forward_result` (host rows), or the model's device result
+  //! (see the file comment).
+  using result_type = detail::step_result_t<Model, Proposer, Verifier, Policy>;
 
   //! A decoder scoring drafts of `proposer` with `target`. `target` and `proposer` must outlive
   //! the decoder. Throws `errc::invalid_argument` for a bad configuration.
@@ -287,8 +324,15 @@ class speculative_decoder {
   }
 
   //! The tree's logits rows (auxiliary rows follow them in the forward's result).
-  [[nodiscard]] matrix_view<float const> tree_logits() const {
-    return fwd_.logits_view().subrows(0, tree_.size());
+  [[nodiscard]] auto tree_logits() const { return fwd_.logits_view().subrows(0, tree_.size()); }
+
+  //! The host row of the target that scored the children of `node`, for token events; empty when
+  //! the rows stay on the target's device.
+  [[nodiscard]] std::span<float const> origin_row(node_index node) const {
+    if constexpr (std::is_same_v<result_type, forward_result>)
+      return tree_logits().row(static_cast<std::size_t>(node));
+    else
+      return {};
   }
 
   //! Verify: the verifier walks the tree against its rows under the policy and writes the
@@ -343,10 +387,7 @@ class speculative_decoder {
       // Token i was scored by the row of its parent: the root, then the accepted nodes.
       node_index const parent = i == 0 ? 0 : result_.accepted_nodes[i - 1];
       detail::token_origin const origin{
-          .step = step_index,
-          .depth = i + 1,
-          .drafted = i < m,
-          .logits = tree_logits().row(static_cast<std::size_t>(parent))};
+          .step = step_index, .depth = i + 1, .drafted = i < m, .logits = origin_row(parent)};
       if (sink_.emit(result_.tokens[i], origin)) break;
     }
     step.emitted = sink_.emitted() - emitted_before;
@@ -374,7 +415,7 @@ class speculative_decoder {
   Policy policy_;
   decode_config config_;
   draft_tree tree_;
-  forward_result fwd_;
+  result_type fwd_;
   verify_result result_;
   detail::token_sink sink_;
   std::function<void(step_event const&)> const* on_step_ = nullptr;  //!< this request's observer

@@ -34,12 +34,14 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cpu_reference.hpp"
 #include "backend/cuda/host_verifiers.hpp"
 #include "backend/cuda/test_util.cuh"
 #include "specdec/backend/cuda/llama.cuh"
+#include "specdec/backend/cuda/step_verifier.cuh"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/core/stats.hpp"
@@ -64,6 +66,21 @@ using sd::position_t;
 using sd::token_id;
 
 static_assert(sd::causal_lm<sd::cuda_llama>);
+// The device-resident step: cuda::step_verifier verifies host and device rows, and the decoder
+// keeps the rows on the device exactly when the verifier takes them and the proposer reads none.
+static_assert(sd::verifier<sd::cuda::step_verifier, sd::greedy>);
+static_assert(sd::verifier<sd::cuda::step_verifier, sd::sampler>);
+static_assert(
+    std::is_same_v<sd::speculative_decoder<sd::cuda_llama, sd::prompt_lookup_proposer,
+                                           sd::cuda::step_verifier, sd::greedy>::result_type,
+                   sd::cuda_forward_result>);
+static_assert(std::is_same_v<sd::speculative_decoder<sd::cuda_llama, sd::prompt_lookup_proposer,
+                                                     sd::greedy_verifier, sd::greedy>::result_type,
+                             sd::forward_result>);
+static_assert(
+    std::is_same_v<sd::speculative_decoder<sd::cuda_llama, sd::lookahead_proposer,
+                                           sd::cuda::step_verifier, sd::greedy>::result_type,
+                   sd::forward_result>);
 
 // Tokens generated per request.
 constexpr std::size_t new_tokens = 128;
@@ -398,5 +415,88 @@ TEST_CASE("cuda_llama decoding: sampled requests with every sampling-capable pro
   SUBCASE("lookahead, tree verifier") {
     sd::lookahead_proposer p({.window = 5, .ngram = 4, .guesses = 5});
     sampled_run("lookahead", target, p, sd::tree_verifier{}, 32, prompt);
+  }
+}
+
+// The device-resident step (cuda::step_verifier on the target's stream): the decoder leaves the
+// target's rows on the device, verifies them there and copies back only the outcome. Its greedy
+// output is the CPU backend's with every proposer whose step it keeps on the device (draft model,
+// prompt lookup chain and tree, REST) and with one that observes the target's rows (lookahead,
+// whose rows the verifier then uploads); sampled requests are valid and reproducible.
+TEST_CASE("cuda_llama decoding: the device-resident step gives the CPU backend's greedy output") {
+  cuda_test::require_device();
+  auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
+  auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
+  std::vector<named_prompt> const prompts = greedy_prompts();
+  sd::cuda_llama target(weights);
+  sd::cuda_llama draft(draft_weights);
+  auto const verifier = [&] {
+    return sd::cuda::step_verifier(static_cast<std::int32_t>(target.vocab_size()), target.stream());
+  };
+  sd::draft_model_proposer<sd::cuda_llama, sd::greedy> drafted(draft, target.vocab_size(),
+                                                               sd::greedy{}, {.k = 4});
+  sd::prompt_lookup_proposer lookup_chain({.n_max = 3, .n_min = 1, .k = 6});
+  sd::prompt_lookup_proposer lookup_tree({.n_max = 3, .n_min = 1, .k = 4, .max_branches = 3});
+  sd::rest_proposer rest(stories_datastore());
+  sd::lookahead_proposer lookahead({.window = 5, .ngram = 4, .guesses = 5});
+  std::vector<totals> t{{"device step: draft model (trained, k=4)", {}},
+                        {"device step: prompt lookup chain", {}},
+                        {"device step: prompt lookup tree", {}},
+                        {"device step: REST", {}},
+                        {"device step (host rows): lookahead", {}}};
+  for (named_prompt const& p : prompts) {
+    CAPTURE(p.name);
+    cpu_greedy_output const ref = cpu_greedy(weights, p.tokens, new_tokens);
+    REQUIRE(ref.min_margin > required_margin);
+    greedy_run(t[0], target, drafted, verifier(), 16, p.tokens, ref.tokens);
+    greedy_run(t[1], target, lookup_chain, verifier(), 16, p.tokens, ref.tokens);
+    greedy_run(t[2], target, lookup_tree, verifier(), 16, p.tokens, ref.tokens);
+    greedy_run(t[3], target, rest, verifier(), 32, p.tokens, ref.tokens);
+    greedy_run(t[4], target, lookahead, verifier(), 32, p.tokens, ref.tokens);
+  }
+  for (totals const& k : t) {
+    INFO("decoder: " << k.name);
+    CHECK(k.stats.generated == prompts.size() * new_tokens);
+    CHECK(k.stats.accepted > 0);
+    MESSAGE(k.name << ": " << k.stats.mean_accepted_length() << " tokens per step, "
+                   << k.stats.acceptance_rate() << " of drafts accepted");
+  }
+}
+
+TEST_CASE("cuda_llama decoding: sampled requests on the device-resident step") {
+  cuda_test::require_device();
+  auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
+  auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
+  std::vector<token_id> const& prompt = fixture::encoded_prompts()[story_prompts[0]];
+  sd::cuda_llama target(weights);
+  sd::cuda_llama draft(draft_weights);
+  auto const verifier = [&] {
+    return sd::cuda::step_verifier(static_cast<std::int32_t>(target.vocab_size()), target.stream());
+  };
+  SUBCASE("draft model, sampled drafts (q rows)") {
+    sd::draft_model_proposer<sd::cuda_llama, sd::sampler, sd::draft_mode::sample> p(
+        draft, target.vocab_size(), sampling_policy(), {.k = 4});
+    sampled_run("device step: draft model", target, p, verifier(), 16, prompt);
+  }
+  SUBCASE("prompt lookup tree, point masses") {
+    sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 4, .max_branches = 3});
+    sampled_run("device step: prompt lookup tree", target, p, verifier(), 16, prompt);
+  }
+  SUBCASE("with penalties (the history goes up with the tree)") {
+    sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 4});
+    sd::sampling_params params;
+    params.temperature = 0.8f;
+    params.repetition_penalty = 1.3f;
+    params.top_k = 40;
+    sd::decode_config config;
+    config.max_new_tokens = new_tokens;
+    config.seed = sample_seed;
+    sd::speculative_decoder<sd::cuda_llama, sd::prompt_lookup_proposer, sd::cuda::step_verifier,
+                            sd::sampler>
+        dec(target, p, verifier(), sd::sampler(params), config);
+    sd::decode_result const first = dec.generate(prompt);
+    sd::decode_result const again = dec.generate(prompt);
+    check_sampled_output("device step with penalties", first, target.vocab_size());
+    CHECK(first.tokens == again.tokens);
   }
 }

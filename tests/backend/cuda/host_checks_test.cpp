@@ -16,6 +16,7 @@
 #include "specdec/backend/cuda/heads.cuh"
 #include "specdec/backend/cuda/kv_cache.cuh"
 #include "specdec/backend/cuda/llama.cuh"
+#include "specdec/backend/cuda/pivot_sampling.cuh"
 #include "specdec/backend/cuda/policy.cuh"
 #include "specdec/backend/cuda/process_logits.cuh"
 #include "specdec/backend/cuda/row_stats.cuh"
@@ -140,4 +141,35 @@ TEST_CASE("launchers are declared only for CUDA translation units; parameter str
   CHECK(kv.num_planes == 0);
   specdec::cuda_llama_options o;
   CHECK(o.max_context == 0);
+}
+
+TEST_CASE("pivot plans: rows shared by clusters while multiprocessors are idle") {
+  constexpr std::size_t h100 = 227 * 1024, a100 = 163 * 1024;
+  // Batch 1 on capability 9.0: 8 blocks (the portable cluster) of 16384 entries, in shared memory.
+  constexpr auto big = sc::plan_pivot(128256, 1, 132, 9, h100);
+  static_assert(big.group == 8 && big.chunk == 16384 && big.staged);
+  static_assert(big.chunk % sc::host_row_block == 0);
+  constexpr auto mid = sc::plan_pivot(32000, 1, 132, 9, h100);
+  static_assert(mid.group == 8 && mid.chunk == 4096 && mid.staged);
+  // Larger batches keep about two blocks per multiprocessor.
+  constexpr auto batch64 = sc::plan_pivot(32000, 64, 132, 9, h100);
+  static_assert(batch64.group == 4 && batch64.chunk == 8192);
+  static_assert(sc::plan_pivot(32000, 512, 132, 9, h100).group == 1);
+  // No clusters before capability 9.0: one block per row, in shared memory when it fits.
+  constexpr auto a = sc::plan_pivot(32000, 1, 108, 8, a100);
+  static_assert(a.group == 1 && a.chunk == 32256 && a.staged);
+  static_assert(!sc::plan_pivot(128256, 1, 108, 8, a100).staged);
+  // Small rows: one block.
+  static_assert(sc::plan_pivot(111, 1, 132, 9, h100).group == 1);
+  static_assert(sc::plan_pivot(111, 1, 132, 9, h100).chunk == 512);
+  // Every entry is covered: group * chunk >= vocab > (group - 1) * chunk.
+  for (std::int32_t vocab : {1, 111, 512, 513, 4113, 32000, 128256, 151936})
+    for (std::int32_t rows : {1, 7, 64, 1000})
+      for (int major : {8, 9}) {
+        auto const p = sc::plan_pivot(vocab, rows, 132, major, h100);
+        CHECK(static_cast<std::int64_t>(p.group) * p.chunk >= vocab);
+        CHECK(static_cast<std::int64_t>(p.group - 1) * p.chunk < vocab);
+        CHECK(p.group <= sc::pivot_max_group);
+        CHECK(p.chunk % sc::host_row_block == 0);
+      }
 }

@@ -490,3 +490,170 @@ TEST_CASE("cuda verification: padded layout equals ragged layout") {
   }
   CHECK(results[0] == results[1]);
 }
+
+// Chains given without parents (the launcher's "null = chains"), from logits under a plain
+// temperature, take the one-launch kernel of chain_verify.cuh (rows shared by a cluster of blocks
+// on capability 9.0): its results against the host verifiers (speculative sampling with q rows,
+// point masses without), mismatches only within rounding; bad input flagged as the walk flags it.
+TEST_CASE("cuda chain verification in one launch equals the host verifiers") {
+  cuda_test::require_device();
+  namespace sc = specdec::cuda;
+  tally with_q_total, point_total;
+  for (bool with_q : {true, false}) {
+    for (float temperature : {1.0f, 0.7f}) {
+      specdec::sampling_params sp;
+      sp.temperature = temperature;
+      specdec::sampler const policy(sp);
+      sc::device_sampler const dpol(sp);
+      for (std::size_t vocab : cuda_test::vocabs()) {
+        for (std::size_t batch : cuda_test::batches()) {
+          for (std::size_t k : {std::size_t{1}, std::size_t{4}, std::size_t{8}}) {
+            if (vocab == 128256 && batch == 64 && k == 8) continue;
+            auto const d = make_batch(vocab, batch, k + 1, shape::chain, with_q,
+                                      static_cast<std::uint32_t>(vocab * 7 + batch + k));
+            std::size_t const rows = static_cast<std::size_t>(d.cu.back());
+            std::vector<token_id> tokens;
+            std::vector<float> q(with_q ? rows * vocab : 0);
+            std::int32_t max_rows = 0;
+            for (std::size_t b = 0; b < batch; ++b) {
+              draft_tree const& t = d.trees[b];
+              tokens.insert(tokens.end(), t.tokens().begin(), t.tokens().end());
+              max_rows = std::max(max_rows, static_cast<std::int32_t>(t.size()));
+              if (with_q)
+                for (std::size_t i = 0; i < t.size(); ++i) {
+                  auto const row = t.q_rows().row(i);
+                  std::copy(row.begin(), row.end(),
+                            q.begin() + static_cast<std::ptrdiff_t>(
+                                            (static_cast<std::size_t>(d.cu[b]) + i) * vocab));
+                }
+            }
+            std::vector<philox> rngs;
+            for (std::size_t b = 0; b < batch; ++b) rngs.emplace_back(23 + k, b, 100 * b + 3);
+            auto dl = cuda_test::upload(d.logits);
+            auto dt = cuda_test::upload(tokens);
+            auto dcu = cuda_test::upload(d.cu);
+            auto drng = cuda_test::upload(rngs);
+            auto dq = cuda_test::upload(q);
+            sc::device_buffer<std::int32_t> num(batch), nodes(rows), flags(batch);
+            sc::device_buffer<token_id> out(rows);
+            flags.zero();
+            sc::verify_inputs in;
+            in.layout = sc::ragged_layout::ragged(dcu.data(), static_cast<std::int32_t>(batch),
+                                                  static_cast<std::int32_t>(rows), max_rows);
+            in.vocab = static_cast<std::int32_t>(vocab);
+            in.target = dl.data();
+            in.target_stride = static_cast<std::int64_t>(vocab);
+            in.tokens = dt.data();
+            in.q = with_q ? dq.data() : nullptr;
+            in.q_stride = static_cast<std::int64_t>(vocab);
+            in.rng = drng.data();
+            in.num_accepted = num.data();
+            in.accepted_nodes = nodes.data();
+            in.out_tokens = out.data();
+            in.error_flags = flags.data();
+            REQUIRE(sc::chain_verify_applies(in, dpol.policy()));
+            sc::sampling_workspace ws(static_cast<std::int32_t>(vocab),
+                                      static_cast<std::int32_t>(rows));
+            sc::throw_if_failed(sc::launch_verify(in, dpol.policy(), ws, nullptr), "test");
+            auto const got_num = cuda_test::download(num, batch);
+            auto const got_nodes = cuda_test::download(nodes, rows);
+            auto const got_out = cuda_test::download(out, rows);
+            auto const got_rng = cuda_test::download(drng, batch, philox(0));
+            for (auto f : cuda_test::download(flags, batch)) CHECK(f == 0);
+            // The host.
+            std::vector<draft_tree const*> ptrs;
+            for (auto const& t : d.trees) ptrs.push_back(&t);
+            std::vector<std::span<token_id const>> hist;
+            for (auto const& h : d.histories) hist.emplace_back(h);
+            std::vector<philox> rng_host = rngs;
+            std::vector<verify_result> want(batch);
+            specdec::matrix_view<float const> view(d.logits.data(), rows, vocab);
+            if (with_q) {
+              specdec::speculative_sampling_verifier host;
+              host.verify_batch(ptrs, view, d.cu, policy, hist, rng_host, want);
+            } else {
+              specdec::tree_verifier host;
+              host.verify_batch(ptrs, view, d.cu, policy, hist, rng_host, want);
+            }
+            tally& t = with_q ? with_q_total : point_total;
+            for (std::size_t b = 0; b < batch; ++b) {
+              ++t.sequences;
+              CHECK(got_rng[b].offset() == rng_host[b].offset());
+              verify_result dev;
+              auto const first = static_cast<std::size_t>(d.cu[b]);
+              auto const m = static_cast<std::size_t>(got_num[b]);
+              dev.accepted_nodes.assign(got_nodes.begin() + static_cast<std::ptrdiff_t>(first),
+                                        got_nodes.begin() + static_cast<std::ptrdiff_t>(first + m));
+              dev.tokens.assign(got_out.begin() + static_cast<std::ptrdiff_t>(first),
+                                got_out.begin() + static_cast<std::ptrdiff_t>(first + m + 1));
+              if (cuda_test::same_result(want[b], dev)) {
+                ++t.exact;
+                continue;
+              }
+              std::vector<std::vector<float>> p(d.trees[b].size(), std::vector<float>(vocab));
+              for (std::size_t i = 0; i < d.trees[b].size(); ++i)
+                policy.distribution(
+                    std::span<float const>(d.logits.data() + (first + i) * vocab, vocab), {}, p[i]);
+              double const margin = cuda_test::walk_margin(d.trees[b], p, rngs[b], want[b]);
+              INFO("vocab " << vocab << ", batch " << batch << ", k " << k << ", q " << with_q
+                            << ", sequence " << b << ": decision margin " << margin);
+              CHECK(margin < 1e-5);
+              ++t.rounding;
+            }
+          }
+        }
+      }
+    }
+  }
+  report("chain verification in one launch, q rows", with_q_total);
+  report("chain verification in one launch, point masses", point_total);
+}
+
+TEST_CASE("cuda chain verification in one launch flags bad input and leaves generators alone") {
+  cuda_test::require_device();
+  namespace sc = specdec::cuda;
+  specdec::sampling_params sp;
+  sc::device_sampler const dpol(sp);
+  constexpr std::int32_t vocab = 111, n = 4;
+  std::vector<float> logits = cuda_test::random_logits(3 * n, vocab, 5, 2.0f, true);
+  logits[static_cast<std::size_t>(n * vocab + 7)] = NAN;  // sequence 1's root row
+  std::vector<token_id> tokens(3 * n, 3);
+  tokens[2 * n + 2] = vocab;  // sequence 2: a token outside the vocabulary
+  std::vector<philox> const rngs{philox(1, 0, 5), philox(1, 1, 5), philox(1, 2, 5)};
+  auto dl = cuda_test::upload(logits);
+  auto dt = cuda_test::upload(tokens);
+  auto drng = cuda_test::upload(rngs);
+  sc::device_buffer<std::int32_t> num(3), nodes(3 * n), flags(3);
+  sc::device_buffer<token_id> out(3 * n);
+  flags.zero();
+  sc::verify_inputs in;
+  in.layout = sc::ragged_layout::padded(3, n);
+  in.vocab = vocab;
+  in.target = dl.data();
+  in.target_stride = vocab;
+  in.tokens = dt.data();
+  in.rng = drng.data();
+  in.num_accepted = num.data();
+  in.accepted_nodes = nodes.data();
+  in.out_tokens = out.data();
+  in.error_flags = flags.data();
+  sc::throw_if_failed(sc::launch_verify_chain(in, dpol.policy(), nullptr), "test");
+  auto const f = cuda_test::download(flags, 3);
+  auto const after = cuda_test::download(drng, 3, philox(0));
+  CHECK(f[0] == 0);
+  CHECK(f[1] == sc::non_finite_logit);
+  CHECK(f[2] == sc::token_out_of_range);
+  CHECK(after[0].offset() == 5 + n);
+  CHECK(after[1].offset() == 5);
+  CHECK(after[2].offset() == 5);
+  // Inputs it does not take.
+  sc::verify_inputs trees = in;
+  trees.parents = nodes.data();
+  CHECK(sc::launch_verify_chain(trees, dpol.policy(), nullptr).code ==
+        sc::status::invalid_argument);
+  specdec::sampling_params topk;
+  topk.top_k = 5;
+  sc::device_sampler const truncating(topk);
+  CHECK(sc::launch_verify_chain(in, truncating.policy(), nullptr).code ==
+        sc::status::invalid_argument);
+}

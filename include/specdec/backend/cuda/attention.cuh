@@ -4,7 +4,8 @@
 //! cache entries and the batch's own entries visible through the request's bit-packed mask
 //! (causal when there is none). Internal to backend/cuda.
 //!
-//! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
+//! The kernels are templates (common.cuh says why); the attention takes the element type of its
+//! output, the input of the output projection (dtype.cuh).
 
 #include <cuda_runtime.h>
 
@@ -12,26 +13,30 @@
 #include <cstdint>
 
 #include "specdec/backend/cuda/common.cuh"
+#include "specdec/backend/cuda/dtype.cuh"
 
 namespace specdec::cuda::detail {
 
 #if defined(__CUDACC__)
 
 //! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over cache slots
-//! [0, cache_len) (all visible) and the batch's own slots cache_len + j visible through the mask
-//! (bit j of row i; null mask = causal). Dynamic shared memory: head_size + cache_len + n +
-//! groups * head_size floats, groups = max(1, blockDim / head_size).
-template <int Unused = 0>
+//! [0, cache_len) (all visible), cache_len = *cache_len_at, and the batch's own slots
+//! cache_len + j visible through the mask (bit j of row i; null mask = causal). The length is read
+//! on the device so that a captured graph replays at any cache size. Dynamic shared memory: at
+//! least head_size + cache_len + n + groups * head_size floats, groups = max(1, blockDim /
+//! head_size). Writes the heads' outputs as T.
+template <class T = float>
 __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
                                  float const* __restrict__ keys, float const* __restrict__ values,
-                                 std::int32_t cache_len, std::int32_t n,
+                                 std::int32_t const* __restrict__ cache_len_at, std::int32_t n,
                                  std::uint64_t const* __restrict__ mask, std::int32_t mask_stride,
-                                 float* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
+                                 T* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
                                  std::int32_t head_size, std::int32_t heads_per_kv) {
   extern __shared__ float smem[];
   __shared__ float scratch[32];
   std::int32_t const h = static_cast<std::int32_t>(blockIdx.x);
   std::int32_t const i = static_cast<std::int32_t>(blockIdx.y);
+  std::int32_t const cache_len = *cache_len_at;
   std::int32_t const kvh = h / heads_per_kv;
   std::int32_t const total = cache_len + n;
   std::int32_t const tid = static_cast<std::int32_t>(threadIdx.x);
@@ -76,7 +81,7 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
   float const sum = block_sum(local_sum, scratch);  // ends with a barrier: scores are visible
   float const inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
-  float* o = out + static_cast<std::int64_t>(i) * dim + h * head_size;
+  T* o = out + static_cast<std::int64_t>(i) * dim + h * head_size;
   if (nthreads >= head_size) {
     std::int32_t const g = tid / head_size, d = tid % head_size;
     if (g < groups) {
@@ -89,14 +94,14 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
     if (tid < head_size) {
       float acc = 0.0f;
       for (std::int32_t gg = 0; gg < groups; ++gg) acc += partial[gg * head_size + tid];
-      o[tid] = acc * inv;
+      o[tid] = from_float<T>(acc * inv);
     }
   } else {
     for (std::int32_t d = tid; d < head_size; d += nthreads) {
       float acc = 0.0f;
       for (std::int32_t t = 0; t < total; ++t)
         acc += scores[t] * values[static_cast<std::int64_t>(t) * kv_dim + kvh * head_size + d];
-      o[d] = acc * inv;
+      o[d] = from_float<T>(acc * inv);
     }
   }
 }

@@ -2,10 +2,12 @@
 //! \file
 //! The policy's distribution on the device (`launch_distribution`), `sampler::distribution` step
 //! for step: temperature, top-k (exactly k, ties toward the lower id), top-p (shortest
-//! most-probable prefix reaching p * mass, ties toward the lower id), min-p, renormalisation. One
-//! 1024-thread block per row: radix selection for the top-k and top-p thresholds, replicated host
-//! sums; the floats written equal what `sampler::distribution` writes up to the order of double
-//! additions.
+//! most-probable prefix reaching p * mass, ties toward the lower id), min-p, renormalisation; the
+//! floats written equal what `sampler::distribution` writes up to the order of double additions.
+//! `launch_distribution` finds the thresholds by the pivot search (pivot_sampling.cuh: a few
+//! passes, a row shared by a cluster of blocks); `launch_distribution_radix`, the earlier kernel
+//! kept for comparison, by radix selection in one 1024-thread block per row (four passes of
+//! 256-bin histograms per threshold).
 //!
 //! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
@@ -15,6 +17,7 @@
 #include <cstdint>
 
 #include "specdec/backend/cuda/common.cuh"
+#include "specdec/backend/cuda/pivot_sampling.cuh"
 #include "specdec/backend/cuda/policy.cuh"
 #include "specdec/backend/cuda/row_stats.cuh"
 
@@ -332,10 +335,10 @@ __global__ void __launch_bounds__(1024) distribution_kernel(distribution_params 
 
 #if defined(__CUDACC__)
 
-//! Writes the policy's distribution of each row (see `distribution_params`). row_flags, when
-//! given, must be zeroed by the caller.
-inline launch_status launch_distribution(distribution_params const& p,
-                                         cudaStream_t stream) noexcept {
+//! Writes the policy's distribution of each row (see `distribution_params`) by radix selection
+//! (see the file comment). row_flags, when given, must be zeroed by the caller.
+inline launch_status launch_distribution_radix(distribution_params const& p,
+                                               cudaStream_t stream) noexcept {
   if (p.rows == 0) return {};
   if (p.z == nullptr || p.probs == nullptr || p.rows < 0 || p.vocab <= 0 || p.z_stride < p.vocab ||
       p.probs_stride < p.vocab)
@@ -350,7 +353,32 @@ inline launch_status launch_distribution(distribution_params const& p,
     return fail(status::invalid_argument, "launch_distribution: top_k, top_p or min_p");
   detail::distribution_kernel<<<static_cast<unsigned>(p.rows), detail::dist_threads, 0, stream>>>(
       p);
-  return last_launch_status("launch_distribution");
+  return last_launch_status("launch_distribution_radix");
+}
+
+//! Writes the policy's distribution of each row (see `distribution_params`) by the pivot search
+//! (`launch_pivot_distribution`). row_flags, when given, must be zeroed by the caller.
+inline launch_status launch_distribution(distribution_params const& p,
+                                         cudaStream_t stream) noexcept {
+  if (p.rows == 0) return {};
+  if (p.z == nullptr || p.probs == nullptr || p.rows < 0 || p.vocab <= 0 || p.z_stride < p.vocab ||
+      p.probs_stride < p.vocab)
+    return fail(status::invalid_argument, "launch_distribution: rows, vocab or stride");
+  pivot_params q;
+  q.z = p.z;
+  q.z_stride = p.z_stride;
+  q.rows = p.rows;
+  q.vocab = p.vocab;
+  q.policy = p.policy;
+  // Bias and penalties were applied to z before (as for the radix kernel, which ignores them).
+  q.policy.num_bias = 0;
+  q.policy.repetition_penalty = 1.0f;
+  q.policy.frequency_penalty = 0.0f;
+  q.policy.presence_penalty = 0.0f;
+  q.probs = p.probs;
+  q.probs_stride = p.probs_stride;
+  q.error_flags = p.row_flags;
+  return launch_pivot_distribution(q, stream);
 }
 
 #endif  // __CUDACC__

@@ -1,12 +1,29 @@
 #pragma once
 //! \file
 //! `cuda_llama`: the Llama architecture on one CUDA device, implementing `specdec::causal_lm`.
-//! float32 weights and activations; cuBLAS for the matrix products (no TF32), own kernels for
-//! the embedding, RMSNorm, RoPE (interleaved pairs, theta from the config), SwiGLU
-//! (elementwise.cuh) and attention with the request's visibility mask (attention.cuh) over a
-//! device KV cache (`cuda_kv_cache`, kv_cache.cuh, with truncate and keep_path). The decoder runs
-//! on it unchanged: `forward` fills the same host `forward_result` as the CPU backend;
-//! `forward_device` leaves the logits on the device for the CUDA verifiers.
+//! Matrices in float32, binary16 or bfloat16 (`weight_dtype`, weights.cuh), everything else
+//! (activations, norms, KV cache, logits) in float32, every product accumulated in float32.
+//! Attention with the request's visibility mask (attention.cuh) over a device KV cache
+//! (`cuda_kv_cache`, kv_cache.cuh, with truncate and keep_path).
+//!
+//! Two paths compute the same forward:
+//! - the reference path: cuBLAS for every product (cublasGemmEx; float32 without TF32, or half
+//!   inputs with float32 accumulation and output), own kernels for the embedding, RMSNorm, RoPE,
+//!   the KV append, SwiGLU (elementwise.cuh) and attention: nine launches a layer. The inputs of
+//!   the products are written in the weights' dtype (cuBLAS multiplies two operands of one type).
+//! - the fused path, for forwards of at most `cuda::fused_max_tokens` tokens (decode steps,
+//!   short chains): one matrix-vector kernel per product with the norm folded into its input and
+//!   RoPE + KV append, SwiGLU or the residual add in its epilogue (fused.cuh), float32 inputs:
+//!   five launches a layer. Each shape of such a forward is captured once as a CUDA graph and
+//!   replayed (graph_cache.cuh), so a decode step is one graph launch.
+//!
+//! The decoder runs on it unchanged: `forward(req, forward_result&)` fills the same host
+//! `forward_result` as the CPU backend; `forward(req, cuda_forward_result&)` (and
+//! `forward_device`) leave the logits on the device for the CUDA verifiers.
+//!
+//! One topic, the model's forward, needs just over 600 lines here: its two paths share the
+//! staging of the inputs, the graph capture and the outputs, and splitting them would put one
+//! forward in two headers.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -20,8 +37,14 @@
 
 #include "specdec/backend/cuda/attention.cuh"
 #include "specdec/backend/cuda/common.cuh"
+#include "specdec/backend/cuda/dtype.cuh"
 #include "specdec/backend/cuda/elementwise.cuh"
+#include "specdec/backend/cuda/forward_result.cuh"
+#include "specdec/backend/cuda/fused.cuh"
+#include "specdec/backend/cuda/graph_cache.cuh"
 #include "specdec/backend/cuda/kv_cache.cuh"
+#include "specdec/backend/cuda/weight_layout.hpp"
+#include "specdec/backend/cuda/weights.cuh"
 #include "specdec/core/error.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/core/types.hpp"
@@ -45,6 +68,16 @@ struct cuda_llama_options {
   std::size_t max_context = 0;  //!< cache capacity in tokens; 0 = the model's seq_len
   std::size_t max_batch = 64;   //!< tokens per forward reserved up front (grows on demand)
   int device = -1;              //!< CUDA device ordinal; -1 = the current device
+  //! Element type of the matrices on the device (the loaders' float32 weights are converted,
+  //! rounding to nearest even; F16 / BF16 tensors of a GGUF file convert back to their own bits).
+  weight_dtype dtype = weight_dtype::f32;
+  //! Forwards of at most `cuda::fused_max_tokens` tokens and logits rows take the fused kernels
+  //! (when the model's widths allow: `cuda::fused_supported`); false: always the reference path.
+  bool fused = true;
+  //! Fused forwards are captured as CUDA graphs, one per shape, and replayed.
+  bool graphs = true;
+  //! Most shapes captured (the first ones seen); later shapes run their launches directly.
+  std::size_t max_graphs = 64;
 };
 
 #if defined(__CUDACC__)
@@ -54,13 +87,17 @@ struct cuda_llama_options {
 //! Not thread-safe: one forward at a time. All work runs on the model's own stream.
 class cuda_llama {
  public:
+  //! `forward(req, cuda_forward_result&)` leaves the logits on the device: the speculative
+  //! decoder uses it with a verifier that reads device rows (step_verifier.cuh).
+  using device_forward_result = cuda_forward_result;
+
   //! Uploads `weights` to the device; they may be released afterwards.
   explicit cuda_llama(llama_weights const& weights, cuda_llama_options options = {})
-      : config_(weights.config) {
+      : config_(weights.config),
+        options_(options),
+        graphs_(options.graphs ? options.max_graphs : 0) {
     config_.validate("cuda_llama");
-    SPECDEC_CHECK(weights.token_embedding != nullptr && weights.rms_final != nullptr &&
-                      weights.classifier != nullptr &&
-                      weights.layers.size() == static_cast<std::size_t>(config_.n_layers),
+    SPECDEC_CHECK(weights.layers.size() == static_cast<std::size_t>(config_.n_layers),
                   invalid_argument, "cuda_llama: incomplete weights (", weights.layers.size(),
                   " layers for n_layers ", config_.n_layers, ")");
     if (options.device >= 0) SPECDEC_CUDA_CHECK(cudaSetDevice(options.device));
@@ -68,17 +105,20 @@ class cuda_llama {
         options.max_context == 0 ? static_cast<std::size_t>(config_.seq_len) : options.max_context;
     SPECDEC_CHECK(max_context_ <= static_cast<std::size_t>(INT32_MAX / 2), out_of_range,
                   "cuda_llama: max_context ", max_context_, " is too large");
+    fused_ok_ =
+        options.fused && cuda::fused_supported(config_.dim, config_.hidden_dim, config_.kv_dim());
     SPECDEC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
+      SPECDEC_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_free_, cudaEventDisableTiming));
       SPECDEC_CUBLAS_CHECK(cublasCreate(&cublas_));
       SPECDEC_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
       SPECDEC_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-      upload_weights(weights);
+      weights_ = std::make_unique<cuda::llama_device_weights>(weights, options.dtype, stream_);
       cache_ = std::make_unique<cuda_kv_cache>(config_.n_layers, config_.kv_dim(), max_context_,
                                                stream_);
       check_attention_limits();
-      reserve(std::max<std::size_t>(options.max_batch, 1));
-      reserve_inputs(4 * std::max<std::size_t>(options.max_batch, 1));
+      reserve_batch(std::max<std::size_t>(options.max_batch, 1));
+      reserve_inputs(4 * std::max<std::size_t>(options.max_batch, 1) + 2);
     } catch (...) {
       destroy();
       throw;
@@ -105,6 +145,10 @@ class cuda_llama {
   }
   //! The model's hyper-parameters.
   [[nodiscard]] llama_config const& config() const noexcept { return config_; }
+  //! The options it was built with.
+  [[nodiscard]] cuda_llama_options const& options() const noexcept { return options_; }
+  //! The element type of the matrices on the device.
+  [[nodiscard]] weight_dtype dtype() const noexcept { return weights_->dtype(); }
   //! The KV cache.
   [[nodiscard]] cuda_kv_cache& cache() noexcept { return *cache_; }
   [[nodiscard]] cuda_kv_cache const& cache() const noexcept { return *cache_; }
@@ -112,13 +156,31 @@ class cuda_llama {
   void reset() noexcept { cache_->clear(); }
   //! The stream all work runs on.
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
-  //! Bytes of weights on the device (what one decode step streams at least once).
+  //! Bytes of weights on the device: the matrices in their dtype (rows padded to 16 bytes) and the
+  //! float32 norm vectors.
   [[nodiscard]] std::size_t weight_bytes() const noexcept {
-    return weights_.size() * sizeof(float);
+    return weights_->matrix_bytes() + weights_->vector_bytes();
   }
+  //! Bytes a decode step must read at least once: every weight except the rows of an untied
+  //! embedding table, of which a step reads one row per token.
+  [[nodiscard]] std::size_t step_bytes() const noexcept {
+    cuda::device_matrix const& e = weights_->embedding();
+    bool const tied = e.data == weights_->classifier().data;
+    return weight_bytes() -
+           (tied ? 0
+                 : cuda::packed_bytes(static_cast<std::size_t>(e.rows),
+                                      static_cast<std::size_t>(e.cols), weights_->dtype()));
+  }
+  //! Whether a forward of `tokens` tokens and `rows` logits rows takes the fused kernels.
+  [[nodiscard]] bool fused_for(std::size_t tokens, std::size_t rows) const noexcept {
+    return fused_ok_ && tokens <= static_cast<std::size_t>(cuda::fused_max_tokens) &&
+           rows <= static_cast<std::size_t>(cuda::fused_max_tokens);
+  }
+  //! Forward shapes captured as graphs so far.
+  [[nodiscard]] std::size_t graphs_captured() const noexcept { return graphs_.size(); }
 
   //! Scores `req` (see `forward_request`) and appends its KV entries; writes the logits (and
-  //! hidden rows on request) into `out` on the host.
+  //! hidden rows on request) into `out` on the host. Waits for the device.
   void forward(forward_request const& req, forward_result& out) {
     std::size_t const rows = run(req);
     std::size_t const n = req.tokens.size();
@@ -126,24 +188,39 @@ class cuda_llama {
     out.vocab = v;
     out.hidden_size = d;
     out.logits_count = rows;
-    out.logits.resize(rows * v);
-    SPECDEC_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), logits_.data(), rows * v * sizeof(float),
+    // One copy per output into pinned memory, one wait, then host copies.
+    std::size_t const logit_floats = rows * v;
+    std::size_t const hidden_floats = req.want_hidden ? n * d : 0;
+    std::size_t const layer_floats = req.hidden_layer >= 0 ? n * d : 0;
+    reserve_outputs(logit_floats + hidden_floats + layer_floats);
+    float* host = host_outputs_;
+    SPECDEC_CUDA_CHECK(cudaMemcpyAsync(host, logits_.data(), logit_floats * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
-    if (req.want_hidden) {
-      out.hidden.resize(n * d);
-      SPECDEC_CUDA_CHECK(cudaMemcpyAsync(out.hidden.data(), final_.data(), n * d * sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream_));
-    } else {
-      out.hidden.clear();
-    }
-    if (req.hidden_layer >= 0) {
-      out.layer_hidden.resize(n * d);
-      SPECDEC_CUDA_CHECK(cudaMemcpyAsync(out.layer_hidden.data(), layer_hidden_.data(),
-                                         n * d * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    } else {
-      out.layer_hidden.clear();
-    }
+    if (hidden_floats != 0)
+      SPECDEC_CUDA_CHECK(cudaMemcpyAsync(host + logit_floats, final_.data(),
+                                         hidden_floats * sizeof(float), cudaMemcpyDeviceToHost,
+                                         stream_));
+    if (layer_floats != 0)
+      SPECDEC_CUDA_CHECK(cudaMemcpyAsync(host + logit_floats + hidden_floats, layer_hidden_.data(),
+                                         layer_floats * sizeof(float), cudaMemcpyDeviceToHost,
+                                         stream_));
     SPECDEC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    out.logits.assign(host, host + logit_floats);
+    out.hidden.assign(host + logit_floats, host + logit_floats + hidden_floats);
+    out.layer_hidden.assign(host + logit_floats + hidden_floats,
+                            host + logit_floats + hidden_floats + layer_floats);
+  }
+
+  //! Like `forward`, but leaves the logits on the device (valid until the next forward) and does
+  //! not wait for the device. Hidden rows are not available this way (`want_hidden` and
+  //! `hidden_layer` must be unset).
+  void forward(forward_request const& req, cuda_forward_result& out) {
+    SPECDEC_CHECK(!req.want_hidden && req.hidden_layer < 0, invalid_argument,
+                  "cuda_llama::forward: a device result carries no hidden rows");
+    std::size_t const rows = run(req);
+    out.vocab = vocab_size();
+    out.logits_count = rows;
+    out.logits = cuda::device_rows(logits_.data(), rows, vocab_size());
   }
 
   //! Like `forward`, but leaves the logits on the device: returns a [rows, vocab] view of device
@@ -159,63 +236,6 @@ class cuda_llama {
     return *w;
   }
 
-  // Device weight layout (floats): embedding, [per layer: rms_att, wqkv, wo, rms_ffn, w13, w2],
-  // rms_final, classifier (only when not shared).
-  struct layer_offsets {
-    std::size_t rms_att, wqkv, wo, rms_ffn, w13, w2;
-  };
-
-  void upload_weights(llama_weights const& w) {
-    auto const d = static_cast<std::size_t>(config_.dim);
-    auto const h = static_cast<std::size_t>(config_.hidden_dim);
-    auto const kv = static_cast<std::size_t>(config_.kv_dim());
-    auto const v = static_cast<std::size_t>(config_.vocab_size);
-    bool const shared = w.classifier == w.token_embedding;
-    std::size_t total = v * d;
-    layers_.resize(static_cast<std::size_t>(config_.n_layers));
-    for (auto& l : layers_) {
-      l.rms_att = total;
-      total += d;
-      l.wqkv = total;
-      total += (d + 2 * kv) * d;
-      l.wo = total;
-      total += d * d;
-      l.rms_ffn = total;
-      total += d;
-      l.w13 = total;
-      total += 2 * h * d;
-      l.w2 = total;
-      total += d * h;
-    }
-    rms_final_ = total;
-    total += d;
-    classifier_ = shared ? 0 : total;
-    if (!shared) total += v * d;
-    weights_.resize(total);
-    float* base = weights_.data();
-    auto put = [&](std::size_t offset, float const* src, std::size_t count) {
-      SPECDEC_CHECK(src != nullptr, invalid_argument, "cuda_llama: a weight pointer is null");
-      SPECDEC_CUDA_CHECK(
-          cudaMemcpy(base + offset, src, count * sizeof(float), cudaMemcpyHostToDevice));
-    };
-    put(0, w.token_embedding, v * d);
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      auto const& src = w.layers[i];
-      auto const& l = layers_[i];
-      put(l.rms_att, src.rms_att, d);
-      put(l.wqkv, src.wq, d * d);
-      put(l.wqkv + d * d, src.wk, kv * d);
-      put(l.wqkv + d * d + kv * d, src.wv, kv * d);
-      put(l.wo, src.wo, d * d);
-      put(l.rms_ffn, src.rms_ffn, d);
-      put(l.w13, src.w1, h * d);
-      put(l.w13 + h * d, src.w3, h * d);
-      put(l.w2, src.w2, d * h);
-    }
-    put(rms_final_, w.rms_final, d);
-    if (!shared) put(classifier_, w.classifier, v * d);
-  }
-
   void check_attention_limits() {
     int device = 0;
     SPECDEC_CUDA_CHECK(cudaGetDevice(&device));
@@ -226,9 +246,16 @@ class cuda_llama {
     SPECDEC_CHECK(need <= static_cast<std::size_t>(optin), unsupported, "cuda_llama: a context of ",
                   max_context_, " tokens needs ", need,
                   " bytes of shared memory per attention block; the device allows ", optin);
-    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<0>,
+    // Every instantiation the forwards launch: float output (fused path, float32 weights) and the
+    // dtype's (reference path).
+    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<float>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(need)));
+    cuda::detail::with_dtype(weights_->dtype(), [&]<class T>(T) {
+      SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<T>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(need)));
+    });
   }
 
   [[nodiscard]] std::size_t attention_smem(std::size_t keys) const noexcept {
@@ -238,27 +265,32 @@ class cuda_llama {
     return (hs + keys + groups * hs) * sizeof(float);
   }
 
-  void reserve(std::size_t n) {
+  // Activation buffers for `n` tokens; reallocating them invalidates the captured graphs.
+  void reserve_batch(std::size_t n) {
     if (n <= reserved_) return;
+    graphs_.clear();
     auto const d = static_cast<std::size_t>(config_.dim);
     auto const h = static_cast<std::size_t>(config_.hidden_dim);
     auto const kv = static_cast<std::size_t>(config_.kv_dim());
     auto const v = static_cast<std::size_t>(config_.vocab_size);
     x_.resize(n * d);
-    xb_.resize(n * d);
-    att_.resize(n * d);
+    xb_.resize(n * d * sizeof(float));
+    att_.resize(n * d * sizeof(float));
     qkv_.resize(n * (d + 2 * kv));
     gu_.resize(n * 2 * h);
-    hb_.resize(n * h);
+    hb_.resize(n * h * sizeof(float));
     final_.resize(n * d);
     layer_hidden_.resize(n * d);
     logits_.resize(n * v);
     reserved_ = n;
   }
 
-  // Room for `count` staged 32-bit input words on the host (pinned) and the device.
+  // Room for `count` staged 32-bit input words on the host (pinned) and the device;
+  // reallocating invalidates the captured graphs.
   void reserve_inputs(std::size_t count) {
     if (count <= inputs_capacity_) return;
+    graphs_.clear();
+    SPECDEC_CUDA_CHECK(cudaStreamSynchronize(stream_));
     inputs_.resize(count);
     if (host_inputs_ != nullptr) cudaFreeHost(host_inputs_);
     host_inputs_ = nullptr;
@@ -269,15 +301,41 @@ class cuda_llama {
     inputs_capacity_ = count;
   }
 
-  void gemm(float const* w, float const* x, float* y, std::size_t out_features,
-            std::size_t in_features, std::size_t n, float beta) {
-    float const alpha = 1.0f;
-    // Row-major Y[n, out] = X[n, in] * W[out, in]^T  <=>  column-major Y^T = W^T(op T) * X^T.
-    SPECDEC_CUBLAS_CHECK(cublasSgemm(
-        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_features), static_cast<int>(n),
-        static_cast<int>(in_features), &alpha, w, static_cast<int>(in_features), x,
-        static_cast<int>(in_features), &beta, y, static_cast<int>(out_features)));
+  // Room for `count` floats of host outputs (pinned).
+  void reserve_outputs(std::size_t count) {
+    if (count <= outputs_capacity_) return;
+    if (host_outputs_ != nullptr) cudaFreeHost(host_outputs_);
+    host_outputs_ = nullptr;
+    outputs_capacity_ = 0;
+    void* p = nullptr;
+    SPECDEC_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(float)));
+    host_outputs_ = static_cast<float*>(p);
+    outputs_capacity_ = count;
   }
+
+  // Y[n, w.rows] = X[n, w.cols] * W^T + beta Y (row-major; X in the weights' dtype, Y float32).
+  void gemm(cuda::device_matrix const& w, void const* x, float* y, std::size_t n, float beta) {
+    float const alpha = 1.0f;
+    cudaDataType_t const type = cuda::detail::cuda_data_type(weights_->dtype());
+    // Row-major Y = X W^T  <=>  column-major Y^T = W^T(op T) X^T; W's rows are w.ld apart.
+    SPECDEC_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, w.rows,
+                                      static_cast<int>(n), w.cols, &alpha, w.data, type,
+                                      static_cast<int>(w.ld), x, type, w.cols, &beta, y, CUDA_R_32F,
+                                      w.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // The device addresses of the staged inputs of one forward, and what the launches need to know
+  // about them.
+  struct staged_inputs {
+    std::int32_t const* start;      // [1] cache length before the forward
+    std::int32_t const* tokens;     // [n]
+    std::int32_t const* positions;  // [n]
+    std::int32_t const* rows;       // [rows] logits rows
+    std::uint64_t const* mask;      // [n, mask_stride] or null (causal)
+    std::size_t mask_stride;        // 64-bit words per mask row
+    std::size_t words;              // 32-bit words staged
+    std::size_t attention_keys;     // keys the attention's shared memory is sized for
+  };
 
   // Runs the forward on the device; returns the number of logits rows (in logits_).
   std::size_t run(forward_request const& req) {
@@ -297,30 +355,99 @@ class cuda_llama {
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
-    reserve(std::max(n, rows));
-    reserve_inputs(2 * n + rows + 1 + 2 * n * words);
+    reserve_batch(std::max(n, rows));
+    reserve_inputs(1 + 2 * n + rows + 1 + 2 * n * words);
 
-    // Stage tokens | positions | logits rows | mask (as 32-bit halves) and upload in one copy.
+    // The host staging may still feed the previous forward's copy.
+    SPECDEC_CUDA_CHECK(cudaEventSynchronize(inputs_free_));
+    bool const fused = fused_for(n, rows);
+    // A launch that may be captured reads the cache length on the device: its shared memory must
+    // cover every length.
+    staged_inputs const in =
+        stage(req, start, n, rows, words, fused && options_.graphs ? max_context_ : start + n);
+    if (fused && options_.graphs) {
+      cuda::forward_shape shape{.tokens = static_cast<std::int32_t>(n),
+                                .rows = static_cast<std::int32_t>(rows),
+                                .mask_words = static_cast<std::int32_t>(words),
+                                .hidden_layer = req.hidden_layer,
+                                .want_hidden = req.want_hidden,
+                                .skip_layers = {}};
+      shape.skip_layers.assign(req.skip_layers.begin(), req.skip_layers.end());
+      cudaGraphExec_t exec = graphs_.find(shape);
+      if (exec == nullptr && graphs_.has_room())
+        exec = graphs_.capture(std::move(shape), stream_, [&] { enqueue(req, n, rows, in, true); });
+      if (exec != nullptr) {
+        SPECDEC_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      } else {
+        enqueue(req, n, rows, in, true);
+      }
+    } else {
+      enqueue(req, n, rows, in, fused);
+    }
+    SPECDEC_CUDA_CHECK(cudaEventRecord(inputs_free_, stream_));
+    cache_->commit_append(n);
+    return rows;
+  }
+
+  // Writes start | tokens | positions | logits rows | mask (as 32-bit halves, 8-byte aligned)
+  // into the pinned staging buffer.
+  staged_inputs stage(forward_request const& req, std::size_t start, std::size_t n,
+                      std::size_t rows, std::size_t words, std::size_t attention_keys) {
     std::int32_t* host = host_inputs_;
-    std::copy(req.tokens.begin(), req.tokens.end(), host);
-    std::copy(req.positions.begin(), req.positions.end(), host + n);
+    host[0] = static_cast<std::int32_t>(start);
+    std::copy(req.tokens.begin(), req.tokens.end(), host + 1);
+    std::copy(req.positions.begin(), req.positions.end(), host + 1 + n);
     for (std::size_t r = 0; r < rows; ++r)
-      host[2 * n + r] = req.logits_rows.empty() ? static_cast<std::int32_t>(r) : req.logits_rows[r];
-    std::size_t staged = 2 * n + rows;
+      host[1 + 2 * n + r] =
+          req.logits_rows.empty() ? static_cast<std::int32_t>(r) : req.logits_rows[r];
+    std::size_t staged = 1 + 2 * n + rows;
     std::size_t mask_at = 0;
     if (words != 0) {
-      mask_at = (staged + 1) & ~std::size_t{1};  // 8-byte alignment for the mask words
+      mask_at = (staged + 1) & ~std::size_t{1};
       std::memcpy(host + mask_at, req.mask.data(), n * words * sizeof(std::uint64_t));
       staged = mask_at + 2 * n * words;
     }
-    SPECDEC_CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), host, staged * sizeof(std::int32_t),
-                                       cudaMemcpyHostToDevice, stream_));
-    std::int32_t const* d_tokens = inputs_.data();
-    std::int32_t const* d_positions = inputs_.data() + n;
-    std::int32_t const* d_rows = inputs_.data() + 2 * n;
-    auto const* d_mask =
-        words != 0 ? reinterpret_cast<std::uint64_t const*>(inputs_.data() + mask_at) : nullptr;
+    std::int32_t const* d = inputs_.data();
+    return staged_inputs{d,
+                         d + 1,
+                         d + 1 + n,
+                         d + 1 + 2 * n,
+                         words != 0 ? reinterpret_cast<std::uint64_t const*>(d + mask_at) : nullptr,
+                         words,
+                         staged,
+                         attention_keys};
+  }
 
+  // Enqueues the whole forward on the stream (directly, or into a graph being captured): the
+  // upload of the staged inputs, then the fused or the reference launches.
+  void enqueue(forward_request const& req, std::size_t n, std::size_t rows, staged_inputs const& in,
+               bool fused) {
+    SPECDEC_CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), host_inputs_,
+                                       in.words * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                       stream_));
+    cuda::detail::with_dtype(weights_->dtype(), [&]<class W>(W) {
+      if (fused)
+        enqueue_fused<W>(req, n, rows, in);
+      else
+        enqueue_reference<W>(req, n, rows, in);
+    });
+    cuda::throw_if_failed(cuda::last_launch_status("cuda_llama::forward: kernel launch"),
+                          "cuda_llama::forward");
+  }
+
+  // The embedding of the batch tokens into x_ (float32).
+  template <class W>
+  void embed(std::size_t n, staged_inputs const& in) {
+    cuda::device_matrix const& e = weights_->embedding();
+    cuda::detail::embed_kernel<W>
+        <<<static_cast<unsigned>(n), cuda::detail::block_threads, 0, stream_>>>(
+            static_cast<W const*>(e.data), e.ld, in.tokens, x_.data(), config_.dim);
+  }
+
+  // The reference path (see the file comment); products take inputs of type T.
+  template <class T>
+  void enqueue_reference(forward_request const& req, std::size_t n, std::size_t rows,
+                         staged_inputs const& in) {
     auto const d = static_cast<std::size_t>(config_.dim);
     auto const hd = static_cast<std::size_t>(config_.hidden_dim);
     auto const kv = static_cast<std::size_t>(config_.kv_dim());
@@ -328,76 +455,158 @@ class cuda_llama {
     auto const ni = static_cast<unsigned>(n);
     auto const idim = static_cast<std::int32_t>(d);
     auto const ikv = static_cast<std::int32_t>(kv);
-    float const* w = weights_.data();
+    T* const xb = reinterpret_cast<T*>(xb_.data());
+    T* const att = reinterpret_cast<T*>(att_.data());
+    T* const hb = reinterpret_cast<T*>(hb_.data());
     constexpr unsigned threads = cuda::detail::block_threads;
 
-    cuda::detail::embed_kernel<<<ni, threads, 0, stream_>>>(w, d_tokens, x_.data(), idim);
+    embed<T>(n, in);
     std::size_t skip_at = 0;
     for (std::int32_t layer = 0; layer < config_.n_layers; ++layer) {
       if (skip_at < req.skip_layers.size() && req.skip_layers[skip_at] == layer) {
         ++skip_at;
       } else {
-        auto const& l = layers_[static_cast<std::size_t>(layer)];
-        cuda::detail::rmsnorm_kernel<<<ni, threads, 0, stream_>>>(
-            x_.data(), nullptr, w + l.rms_att, xb_.data(), idim, config_.rms_eps);
-        gemm(w + l.wqkv, xb_.data(), qkv_.data(), qkv_stride, d, n, 0.0f);
+        auto const& l = weights_->at(static_cast<std::size_t>(layer));
+        cuda::detail::rmsnorm_kernel<T>
+            <<<ni, threads, 0, stream_>>>(x_.data(), nullptr, l.rms_att, xb, idim, config_.rms_eps);
+        gemm(l.qkv, xb, qkv_.data(), n, 0.0f);
         cuda::detail::rope_kernel<<<ni, threads, 0, stream_>>>(
-            qkv_.data(), d_positions, static_cast<std::int32_t>(qkv_stride), idim, ikv,
+            qkv_.data(), in.positions, static_cast<std::int32_t>(qkv_stride), idim, ikv,
             config_.head_size(), config_.rope_theta);
         cuda::detail::kv_append_kernel<<<ni, threads, 0, stream_>>>(
             qkv_.data(), static_cast<std::int32_t>(qkv_stride), idim, ikv, cache_->keys(layer),
-            cache_->values(layer), static_cast<std::int32_t>(start));
-        cuda::detail::attention_kernel<<<dim3(static_cast<unsigned>(config_.n_heads), ni),
-                                         attention_threads, attention_smem(start + n), stream_>>>(
-            qkv_.data(), static_cast<std::int32_t>(qkv_stride), cache_->keys(layer),
-            cache_->values(layer), static_cast<std::int32_t>(start), static_cast<std::int32_t>(n),
-            d_mask, static_cast<std::int32_t>(words), att_.data(), idim, ikv, config_.head_size(),
-            config_.n_heads / config_.n_kv_heads);
-        gemm(w + l.wo, att_.data(), x_.data(), d, d, n, 1.0f);  // x += att Wo^T
-        cuda::detail::rmsnorm_kernel<<<ni, threads, 0, stream_>>>(
-            x_.data(), nullptr, w + l.rms_ffn, xb_.data(), idim, config_.rms_eps);
-        gemm(w + l.w13, xb_.data(), gu_.data(), 2 * hd, d, n, 0.0f);
+            cache_->values(layer), in.start);
+        attention<T>(layer, n, in, att);
+        gemm(l.wo, att, x_.data(), n, 1.0f);  // x += att Wo^T
+        cuda::detail::rmsnorm_kernel<T>
+            <<<ni, threads, 0, stream_>>>(x_.data(), nullptr, l.rms_ffn, xb, idim, config_.rms_eps);
+        gemm(l.w13, xb, gu_.data(), n, 0.0f);
         auto const total = static_cast<std::int64_t>(n * hd);
         auto const blocks =
             static_cast<unsigned>(std::min<std::int64_t>((total + threads - 1) / threads, 4096));
-        cuda::detail::swiglu_kernel<<<blocks, threads, 0, stream_>>>(
-            gu_.data(), hb_.data(), static_cast<std::int32_t>(hd), total);
-        gemm(w + l.w2, hb_.data(), x_.data(), d, hd, n, 1.0f);  // x += h W2^T
+        cuda::detail::swiglu_kernel<T>
+            <<<blocks, threads, 0, stream_>>>(gu_.data(), hb, static_cast<std::int32_t>(hd), total);
+        gemm(l.w2, hb, x_.data(), n, 1.0f);  // x += h W2^T
       }
-      if (layer == req.hidden_layer)
-        SPECDEC_CUDA_CHECK(cudaMemcpyAsync(layer_hidden_.data(), x_.data(), n * d * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, stream_));
+      copy_layer_hidden(req, layer, n);
     }
-    float const* classifier = classifier_ == 0 ? w : w + classifier_;
-    if (req.want_hidden) {
-      cuda::detail::rmsnorm_kernel<<<ni, threads, 0, stream_>>>(
-          x_.data(), nullptr, w + rms_final_, final_.data(), idim, config_.rms_eps);
-      if (req.logits_rows.empty()) {
-        gemm(classifier, final_.data(), logits_.data(), vocab_size(), d, n, 0.0f);
+    if (req.want_hidden)
+      cuda::detail::rmsnorm_kernel<float><<<ni, threads, 0, stream_>>>(
+          x_.data(), nullptr, weights_->rms_final(), final_.data(), idim, config_.rms_eps);
+    cuda::detail::rmsnorm_kernel<T><<<static_cast<unsigned>(rows), threads, 0, stream_>>>(
+        x_.data(), in.rows, weights_->rms_final(), xb, idim, config_.rms_eps);
+    gemm(weights_->classifier(), xb, logits_.data(), rows, 0.0f);
+  }
+
+  // The fused path (see the file comment and fused.cuh); weights of type W.
+  template <class W>
+  void enqueue_fused(forward_request const& req, std::size_t n, std::size_t rows,
+                     staged_inputs const& in) {
+    auto const d = static_cast<std::int64_t>(config_.dim);
+    auto const hd = static_cast<std::int64_t>(config_.hidden_dim);
+    auto const kv = static_cast<std::int64_t>(config_.kv_dim());
+    float* const att = reinterpret_cast<float*>(att_.data());
+    float* const hb = reinterpret_cast<float*>(hb_.data());
+    auto const tokens = static_cast<std::int32_t>(n);
+    auto const check = [](cuda::launch_status s) {
+      cuda::throw_if_failed(s, "cuda_llama::forward (fused)");
+    };
+
+    embed<W>(n, in);
+    std::size_t skip_at = 0;
+    for (std::int32_t layer = 0; layer < config_.n_layers; ++layer) {
+      if (skip_at < req.skip_layers.size() && req.skip_layers[skip_at] == layer) {
+        ++skip_at;
       } else {
-        cuda::detail::rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_>>>(
-            x_.data(), d_rows, w + rms_final_, xb_.data(), idim, config_.rms_eps);
-        gemm(classifier, xb_.data(), logits_.data(), vocab_size(), d, rows, 0.0f);
+        auto const& l = weights_->at(static_cast<std::size_t>(layer));
+        cuda::matvec_params qkv{.w = l.qkv,
+                                .x = x_.data(),
+                                .x_stride = d,
+                                .n = tokens,
+                                .norm = l.rms_att,
+                                .eps = config_.rms_eps,
+                                .y = qkv_.data(),
+                                .y_stride = d + 2 * kv,
+                                .positions = in.positions,
+                                .base = in.start,
+                                .keys = cache_->keys(layer),
+                                .values = cache_->values(layer),
+                                .dim = config_.dim,
+                                .kv_dim = config_.kv_dim(),
+                                .head_size = config_.head_size(),
+                                .theta = config_.rope_theta};
+        check(cuda::launch_matvec<W, cuda::matvec_out::rope_append>(qkv, stream_));
+        attention<float>(layer, n, in, att);
+        check(cuda::launch_matvec<W, cuda::matvec_out::add>(
+            {.w = l.wo, .x = att, .x_stride = d, .n = tokens, .y = x_.data(), .y_stride = d},
+            stream_));
+        check(cuda::launch_matvec<W, cuda::matvec_out::swiglu>({.w = l.w13,
+                                                                .x = x_.data(),
+                                                                .x_stride = d,
+                                                                .n = tokens,
+                                                                .norm = l.rms_ffn,
+                                                                .eps = config_.rms_eps,
+                                                                .y = hb,
+                                                                .y_stride = hd,
+                                                                .hidden = config_.hidden_dim},
+                                                               stream_));
+        check(cuda::launch_matvec<W, cuda::matvec_out::add>(
+            {.w = l.w2, .x = hb, .x_stride = hd, .n = tokens, .y = x_.data(), .y_stride = d},
+            stream_));
       }
-    } else {
-      cuda::detail::rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_>>>(
-          x_.data(), d_rows, w + rms_final_, xb_.data(), idim, config_.rms_eps);
-      gemm(classifier, xb_.data(), logits_.data(), vocab_size(), d, rows, 0.0f);
+      copy_layer_hidden(req, layer, n);
     }
-    cuda::throw_if_failed(cuda::last_launch_status("cuda_llama::forward: kernel launch"),
-                          "cuda_llama::forward");
-    cache_->commit_append(n);
-    return rows;
+    if (req.want_hidden)
+      cuda::detail::rmsnorm_kernel<float>
+          <<<static_cast<unsigned>(n), cuda::detail::block_threads, 0, stream_>>>(
+              x_.data(), nullptr, weights_->rms_final(), final_.data(), config_.dim,
+              config_.rms_eps);
+    check(cuda::launch_matvec<W, cuda::matvec_out::store>(
+        {.w = weights_->classifier(),
+         .x = x_.data(),
+         .x_stride = d,
+         .x_rows = in.rows,
+         .n = static_cast<std::int32_t>(rows),
+         .norm = weights_->rms_final(),
+         .eps = config_.rms_eps,
+         .y = logits_.data(),
+         .y_stride = static_cast<std::int64_t>(vocab_size())},
+        stream_));
+  }
+
+  // The attention of `layer` over the cache and the batch, heads' outputs written as T.
+  template <class T>
+  void attention(std::int32_t layer, std::size_t n, staged_inputs const& in, T* out) {
+    cuda::detail::attention_kernel<T>
+        <<<dim3(static_cast<unsigned>(config_.n_heads), static_cast<unsigned>(n)),
+           attention_threads, attention_smem(in.attention_keys), stream_>>>(
+            qkv_.data(), config_.dim + 2 * config_.kv_dim(), cache_->keys(layer),
+            cache_->values(layer), in.start, static_cast<std::int32_t>(n), in.mask,
+            static_cast<std::int32_t>(in.mask_stride), out, config_.dim, config_.kv_dim(),
+            config_.head_size(), config_.n_heads / config_.n_kv_heads);
+  }
+
+  void copy_layer_hidden(forward_request const& req, std::int32_t layer, std::size_t n) {
+    if (layer == req.hidden_layer)
+      SPECDEC_CUDA_CHECK(cudaMemcpyAsync(layer_hidden_.data(), x_.data(),
+                                         n * static_cast<std::size_t>(config_.dim) * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream_));
   }
 
   void destroy() noexcept {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    graphs_.clear();
     if (host_inputs_ != nullptr) cudaFreeHost(host_inputs_);
     host_inputs_ = nullptr;
+    if (host_outputs_ != nullptr) cudaFreeHost(host_outputs_);
+    host_outputs_ = nullptr;
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     cublas_ = nullptr;
+    if (inputs_free_ != nullptr) cudaEventDestroy(inputs_free_);
+    inputs_free_ = nullptr;
     if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
       cache_.reset();
+      weights_.reset();
       cudaStreamDestroy(stream_);
     }
     stream_ = nullptr;
@@ -406,19 +615,24 @@ class cuda_llama {
   static constexpr unsigned attention_threads = 256;
 
   llama_config config_;
+  cuda_llama_options options_;
   std::size_t max_context_ = 0;
+  bool fused_ok_ = false;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t inputs_free_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  cuda::device_buffer<float> weights_;
-  std::vector<layer_offsets> layers_;
-  std::size_t rms_final_ = 0;
-  std::size_t classifier_ = 0;  // 0 = shared with the embedding
+  std::unique_ptr<cuda::llama_device_weights> weights_;
   std::unique_ptr<cuda_kv_cache> cache_;
+  cuda::graph_cache graphs_;
   std::size_t reserved_ = 0;
-  cuda::device_buffer<float> x_, xb_, att_, qkv_, gu_, hb_, final_, layer_hidden_, logits_;
+  cuda::device_buffer<float> x_, qkv_, gu_, final_, layer_hidden_, logits_;
+  // Inputs of the products (float32, or the weights' dtype on the reference path).
+  cuda::device_buffer<std::byte> xb_, att_, hb_;
   cuda::device_buffer<std::int32_t> inputs_;
   std::int32_t* host_inputs_ = nullptr;
   std::size_t inputs_capacity_ = 0;
+  float* host_outputs_ = nullptr;
+  std::size_t outputs_capacity_ = 0;
 };
 
 #endif  // __CUDACC__

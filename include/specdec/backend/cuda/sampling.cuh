@@ -145,39 +145,24 @@ inline launch_status launch_sample(sample_params const& p, device_policy const& 
     w.target_stride = z_stride;
     return launch_greedy_walk(w, stream);
   }
-  if (policy.truncation()) {
-    distribution_params dp;
-    dp.z = z;
-    dp.z_stride = z_stride;
-    dp.probs = ws.work();
-    dp.probs_stride = p.vocab;
-    dp.rows = p.rows;
-    dp.vocab = p.vocab;
-    dp.policy = policy;
-    dp.row_flags = p.error_flags;
-    st = launch_distribution(dp, stream);
-    if (!st.ok()) return st;
-    w.plan = plan_chunks(p.vocab, p.rows, w.scratch.multiprocessors);
-    w.target = ws.work();
-    w.target_stride = p.vocab;
-    w.target_is_probs = true;
-    return launch_walk_draw(w, stream);
-  }
-  row_stats_params rs;
-  rs.rows = z;
-  rs.stride = z_stride;
-  rs.num_rows = p.rows;
-  rs.vocab = p.vocab;
-  rs.inv_temperature = policy.inv_temperature;
-  rs.plan = plan_chunks(p.vocab, p.rows, ws.draw().multiprocessors);
-  rs.scratch = ws.draw();
-  st = launch_row_stats(rs, stream);
-  if (!st.ok()) return st;
-  w.plan = rs.plan;
-  w.target = z;
-  w.target_stride = z_stride;
-  w.inv_temperature = policy.inv_temperature;
-  return launch_walk_draw(w, stream);
+  // Temperature, top-k, top-p, min-p and the draw in one launch (pivot_sampling.cuh); the work
+  // rows hold the rows that do not fit in shared memory.
+  pivot_params q;
+  q.z = z;
+  q.z_stride = z_stride;
+  q.rows = p.rows;
+  q.vocab = p.vocab;
+  q.policy = policy;
+  q.policy.num_bias = 0;  // applied above
+  q.policy.repetition_penalty = 1.0f;
+  q.policy.frequency_penalty = 0.0f;
+  q.policy.presence_penalty = 0.0f;
+  q.probs = ws.work();
+  q.probs_stride = p.vocab;
+  q.rng = p.rng;
+  q.tokens = p.tokens;
+  q.error_flags = p.error_flags;
+  return launch_pivot_sample(q, stream);
 }
 
 #endif  // __CUDACC__

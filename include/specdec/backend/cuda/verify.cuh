@@ -6,7 +6,7 @@
 //! - `launch_verify_greedy`: the greedy walk (accept the child whose token is the row's argmax
 //!   after logit processing; the bonus is the argmax where no child matches).
 //! - `launch_verify`: the sampling walk of verify/detail/walk.hpp's `sampling_walk`: chains and
-//! trees
+//! trees (chains of logits under a plain temperature in one launch: chain_verify.cuh)
 //!   with q rows (accept iff p(x) > 0 and (p(x) >= q(x) or u q(x) < p(x)); residual
 //!   max(p - q, 0)), and trees without q rows (point masses: accept iff p(x) > 0 and
 //!   (p(x) >= m or u m < p(x)), m the mass not yet rejected; draw from p without the rejected
@@ -35,6 +35,7 @@
 #include <span>
 #include <vector>
 
+#include "specdec/backend/cuda/chain_verify.cuh"
 #include "specdec/backend/cuda/common.cuh"
 #include "specdec/backend/cuda/distribution.cuh"
 #include "specdec/backend/cuda/greedy_walk.cuh"
@@ -42,6 +43,7 @@
 #include "specdec/backend/cuda/process_logits.cuh"
 #include "specdec/backend/cuda/row_stats.cuh"
 #include "specdec/backend/cuda/sampling.cuh"
+#include "specdec/backend/cuda/verify_inputs.cuh"
 #include "specdec/backend/cuda/walk.cuh"
 #include "specdec/backend/cuda/walk_common.cuh"
 #include "specdec/core/draft_tree.hpp"
@@ -51,27 +53,6 @@
 #include "specdec/core/verify_result.hpp"
 
 namespace specdec::cuda {
-
-//! What the verification launchers read and write. All pointers are device pointers.
-struct verify_inputs {
-  ragged_layout layout;                   //!< sequence b owns rows [begin(b), end(b)): its nodes
-  std::int32_t vocab = 0;                 //!< entries per row
-  float const* target = nullptr;          //!< [rows, target_stride] target logits (or probs)
-  std::int64_t target_stride = 0;         //!< floats between target rows
-  bool target_is_probs = false;           //!< rows already are the policy's distributions
-  token_id const* tokens = nullptr;       //!< [rows] node tokens, root first per sequence
-  std::int32_t const* parents = nullptr;  //!< [rows] local parents (-1 for roots); null = chains
-  float const* q = nullptr;               //!< [rows, q_stride] q rows (row i: node i's children's
-                                          //!< distribution), or null for point masses
-  std::int64_t q_stride = 0;              //!< floats between q rows
-  token_id const* history = nullptr;      //!< [cu_history[batch]] committed tokens (penalties)
-  std::int32_t const* cu_history = nullptr;  //!< [batch + 1], or null
-  rng_state* rng = nullptr;                  //!< [batch] in/out
-  std::int32_t* num_accepted = nullptr;      //!< [batch] out
-  std::int32_t* accepted_nodes = nullptr;    //!< [rows] out: at begin(b), local indices
-  token_id* out_tokens = nullptr;            //!< [rows] out: at begin(b), accepted then bonus
-  std::int32_t* error_flags = nullptr;       //!< [batch] out (or null), zeroed by the caller
-};
 
 #if defined(__CUDACC__)
 
@@ -172,6 +153,8 @@ inline launch_status launch_verify(verify_inputs const& in, device_policy const&
   if (in.q != nullptr && in.q_stride < in.vocab)
     return fail(status::invalid_argument, "launch_verify: q_stride");
   if (policy.greedy && !in.target_is_probs) return launch_verify_greedy(in, policy, ws, stream);
+  // Chains from logits under a plain temperature: one launch (chain_verify.cuh).
+  if (chain_verify_applies(in, policy)) return launch_verify_chain(in, policy, stream);
   walk_params w = detail::walk_from(in, ws);
   if (in.target_is_probs) {
     w.plan = plan_chunks(in.vocab, in.layout.batch, w.scratch.multiprocessors);
