@@ -81,5 +81,6 @@
 
 // reference/: slow, obviously correct versions that tests compare against.
 #include "specdec/reference/heads.hpp"
+#include "specdec/reference/pivot.hpp"
 #include "specdec/reference/sampling.hpp"
 #include "specdec/reference/verify.hpp"
