@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The attention kernel of `cuda_llama` (llama.cuh): one block per (token, query head) over the
-//! cache entries and the batch's own entries visible through the request's bit-packed mask
-//! (causal when there is none). Internal to backend/cuda.
+//! The attention kernel of `cuda_llama` (llama.cuh) and the EAGLE head (eagle.cuh): one block per
+//! (token, query head) over the cache entries and the batch's own entries visible through the
+//! request's bit-packed mask (causal when there is none). Internal to backend/cuda.
 //!
 //! The kernels are templates (`template <int Unused = 0>`): common.cuh says why.
 
@@ -17,14 +17,16 @@ namespace specdec::cuda::detail {
 
 #if defined(__CUDACC__)
 
-//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over cache slots
-//! [0, cache_len) (all visible) and the batch's own slots cache_len + j visible through the mask
-//! (bit j of row i; null mask = causal). Dynamic shared memory: head_size + cache_len + n +
-//! groups * head_size floats, groups = max(1, blockDim / head_size).
+//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over slots
+//! [0, cache_len + n): the slots below `prefix` (<= cache_len) are all visible, slot prefix + j
+//! through the mask (bit j of row i; null mask = causal: slots up to cache_len + i). `cuda_llama`
+//! passes prefix = cache_len (the batch's own slots masked); the EAGLE head a shorter prefix (its
+//! committed entries), masking the tree entries of earlier calls too. Dynamic shared memory:
+//! head_size + cache_len + n + groups * head_size floats, groups = max(1, blockDim / head_size).
 template <int Unused = 0>
 __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
                                  float const* __restrict__ keys, float const* __restrict__ values,
-                                 std::int32_t cache_len, std::int32_t n,
+                                 std::int32_t cache_len, std::int32_t n, std::int32_t prefix,
                                  std::uint64_t const* __restrict__ mask, std::int32_t mask_stride,
                                  float* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
                                  std::int32_t head_size, std::int32_t heads_per_kv) {
@@ -49,10 +51,10 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
   float local_max = -INFINITY;
   for (std::int32_t t = tid; t < total; t += nthreads) {
     bool visible = true;
-    if (t >= cache_len) {
-      std::int32_t const j = t - cache_len;
+    if (t >= prefix) {
+      std::int32_t const j = t - prefix;
       visible = mask == nullptr
-                    ? j <= i
+                    ? t <= cache_len + i
                     : ((mask[static_cast<std::int64_t>(i) * mask_stride + (j >> 6)] >> (j & 63)) &
                        1u) != 0;
     }

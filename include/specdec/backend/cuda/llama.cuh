@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "specdec/backend/cuda/attention.cuh"
@@ -118,7 +119,7 @@ class cuda_llama {
   }
 
   //! Scores `req` (see `forward_request`) and appends its KV entries; writes the logits (and
-  //! hidden rows on request) into `out` on the host.
+  //! hidden rows and the requested layers' residual streams) into `out` on the host.
   void forward(forward_request const& req, forward_result& out) {
     std::size_t const rows = run(req);
     std::size_t const n = req.tokens.size();
@@ -136,10 +137,13 @@ class cuda_llama {
     } else {
       out.hidden.clear();
     }
-    if (req.hidden_layer >= 0) {
-      out.layer_hidden.resize(n * d);
+    std::size_t const layers = req.requested_layers().size();
+    out.layer_count = layers;
+    if (layers > 0) {
+      out.layer_hidden.resize(n * layers * d);
       SPECDEC_CUDA_CHECK(cudaMemcpyAsync(out.layer_hidden.data(), layer_hidden_.data(),
-                                         n * d * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+                                         n * layers * d * sizeof(float), cudaMemcpyDeviceToHost,
+                                         stream_));
     } else {
       out.layer_hidden.clear();
     }
@@ -293,11 +297,18 @@ class cuda_llama {
     SPECDEC_CHECK(req.hidden_layer < config_.n_layers, out_of_range,
                   "cuda_llama::forward: hidden_layer ", req.hidden_layer, " of a model with ",
                   config_.n_layers, " layers");
+    for (std::int32_t layer : req.hidden_layers)
+      SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
+                    "cuda_llama::forward: hidden layer ", layer, " of a model with ",
+                    config_.n_layers, " layers");
+    std::span<std::int32_t const> const wanted = req.requested_layers();
     std::size_t const rows = req.logits_rows.empty() ? n : req.logits_rows.size();
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
     reserve(std::max(n, rows));
+    layer_hidden_.reserve(n * std::max<std::size_t>(wanted.size(), 1) *
+                          static_cast<std::size_t>(config_.dim));
     reserve_inputs(2 * n + rows + 1 + 2 * n * words);
 
     // Stage tokens | positions | logits rows | mask (as 32-bit halves) and upload in one copy.
@@ -351,8 +362,8 @@ class cuda_llama {
                                          attention_threads, attention_smem(start + n), stream_>>>(
             qkv_.data(), static_cast<std::int32_t>(qkv_stride), cache_->keys(layer),
             cache_->values(layer), static_cast<std::int32_t>(start), static_cast<std::int32_t>(n),
-            d_mask, static_cast<std::int32_t>(words), att_.data(), idim, ikv, config_.head_size(),
-            config_.n_heads / config_.n_kv_heads);
+            static_cast<std::int32_t>(start), d_mask, static_cast<std::int32_t>(words), att_.data(),
+            idim, ikv, config_.head_size(), config_.n_heads / config_.n_kv_heads);
         gemm(w + l.wo, att_.data(), x_.data(), d, d, n, 1.0f);  // x += att Wo^T
         cuda::detail::rmsnorm_kernel<<<ni, threads, 0, stream_>>>(
             x_.data(), nullptr, w + l.rms_ffn, xb_.data(), idim, config_.rms_eps);
@@ -364,9 +375,12 @@ class cuda_llama {
             gu_.data(), hb_.data(), static_cast<std::int32_t>(hd), total);
         gemm(w + l.w2, hb_.data(), x_.data(), d, hd, n, 1.0f);  // x += h W2^T
       }
-      if (layer == req.hidden_layer)
-        SPECDEC_CUDA_CHECK(cudaMemcpyAsync(layer_hidden_.data(), x_.data(), n * d * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, stream_));
+      // The requested layers' residual streams, side by side per token.
+      for (std::size_t j = 0; j < wanted.size(); ++j)
+        if (wanted[j] == layer)
+          SPECDEC_CUDA_CHECK(cudaMemcpy2DAsync(
+              layer_hidden_.data() + j * d, wanted.size() * d * sizeof(float), x_.data(),
+              d * sizeof(float), d * sizeof(float), n, cudaMemcpyDeviceToDevice, stream_));
     }
     float const* classifier = classifier_ == 0 ? w : w + classifier_;
     if (req.want_hidden) {
