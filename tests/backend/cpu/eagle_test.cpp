@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "specdec/model/safetensors.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/reference/eagle.hpp"
 #include "support/eagle.hpp"
@@ -264,4 +265,77 @@ TEST_CASE("cpu eagle head: bad batches throw and leave the cache as it was") {
                       sd::matrix_view<float>(logits.data(), 1, 39));
       },
       sd::errc::invalid_argument, "draft vocabulary of 40");
+}
+
+TEST_CASE("cpu eagle head: the training script's golden vectors (tools/eagle/*/golden)") {
+  for (char const* kind : {"eagle1", "eagle3"}) {
+    CAPTURE(kind);
+    auto const head = std::string(kind) == "eagle1" ? test_support::fixture_eagle1()
+                                                    : test_support::fixture_eagle3();
+    sd::safetensors_file const golden(test_support::eagle_dir(kind) / "golden.safetensors");
+    auto const ints = [&](char const* name) {
+      sd::safetensors_tensor const& t = golden.require(name);
+      std::vector<std::int64_t> v(static_cast<std::size_t>(t.elements));
+      golden.read_integers(t, v);
+      return v;
+    };
+    std::vector<float> const features = golden.read("features");
+    std::vector<float> const want_out = golden.read("out_hidden");
+    std::vector<float> const want_logits = golden.read("logits");
+    std::vector<std::int64_t> const tok64 = ints("tokens"), pos64 = ints("positions");
+    std::size_t const n = tok64.size();
+    sd::cpu_eagle_head runner(head);
+    std::size_t const d = runner.hidden_size(), f = runner.feature_width();
+    std::size_t const v = runner.draft_vocab_size();
+    REQUIRE(features.size() == n * f);
+    std::vector<sd::token_id> tokens(tok64.begin(), tok64.end());
+    std::vector<sd::position_t> positions(pos64.begin(), pos64.end());
+    std::vector<float> out(n * d), logits(n * v);
+    runner.forward({.inputs = sd::matrix_view<float const>(features.data(), n, f),
+                    .tokens = tokens,
+                    .positions = positions},
+                   sd::matrix_view<float>(out.data(), n, d));
+    runner.logits(sd::matrix_view<float const>(out.data(), n, d),
+                  sd::matrix_view<float>(logits.data(), n, v));
+    auto const close = [](std::span<float const> got, std::vector<float> const& want) {
+      REQUIRE(got.size() == want.size());
+      double worst = 0.0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]) /
+                                    (1.0 + std::abs(static_cast<double>(want[i]))));
+      return worst;
+    };
+    CHECK(close(out, want_out) < 1e-4);
+    CHECK(close(logits, want_logits) < 1e-4);
+    // The chain drafted after the rows: one tree row per call, each seeing the committed rows,
+    // the chain rows before it and itself.
+    std::vector<std::int64_t> const ct = ints("chain_tokens"), cp = ints("chain_positions");
+    std::vector<float> const chain_out = golden.read("chain_out_hidden");
+    std::vector<float> const chain_logits = golden.read("chain_logits");
+    std::vector<float> in(out.end() - static_cast<std::ptrdiff_t>(d), out.end());
+    std::vector<float> got_out, got_logits(v);
+    for (std::size_t j = 0; j < ct.size(); ++j) {
+      std::vector<sd::token_id> const t = {static_cast<sd::token_id>(ct[j])};
+      std::vector<sd::position_t> const p = {static_cast<sd::position_t>(cp[j])};
+      std::vector<std::uint64_t> const mask = {(std::uint64_t{1} << (j + 1)) - 1};
+      std::vector<float> o(d);
+      runner.forward({.inputs = sd::matrix_view<float const>(in.data(), 1, d),
+                      .from_target = false,
+                      .tokens = t,
+                      .positions = p,
+                      .shared = n,
+                      .mask = mask,
+                      .mask_stride = 1},
+                     sd::matrix_view<float>(o.data(), 1, d));
+      runner.logits(sd::matrix_view<float const>(o.data(), 1, d),
+                    sd::matrix_view<float>(got_logits.data(), 1, v));
+      CHECK(close(got_logits,
+                  std::vector<float>(
+                      chain_logits.begin() + static_cast<std::ptrdiff_t>(j * v),
+                      chain_logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * v))) < 1e-4);
+      got_out.insert(got_out.end(), o.begin(), o.end());
+      in = o;
+    }
+    CHECK(close(got_out, chain_out) < 1e-4);
+  }
 }
