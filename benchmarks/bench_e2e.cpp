@@ -985,8 +985,8 @@ void bench_eagle_cost(benchmark::State& state, bool eagle3, std::size_t draft_vo
     fs::path const trained_dir = eagle_dir(eagle3 ? "eagle3" : "eagle1");
     double acceptance = 0.0;  // without the trained head: no prediction
     if (fs::exists(trained_dir / sd::eagle_weights_file)) {
-      sd::cpu_eagle_head trained(std::make_shared<sd::eagle_weights const>(
-          sd::load_eagle_head(trained_dir, f.weights)));
+      sd::cpu_eagle_head trained(
+          std::make_shared<sd::eagle_weights const>(sd::load_eagle_head(trained_dir, f.weights)));
       sd::eagle_proposer fixture_proposer(trained, tree_config);
       acceptance = fixture_acceptance(fixture_proposer, tree_config.nodes);
     }
@@ -1249,8 +1249,8 @@ int main(int argc, char** argv) {
   };
   for (eagle_case const c :
        {eagle_case{false, 32000, {6, 8, 32}}, eagle_case{true, 8192, {6, 8, 32}},
-        eagle_case{true, 8192, {5, 4, 16}}, eagle_case{true, 8192, {4, 4, 12}},
-        eagle_case{true, 8192, {4, 2, 8}}}) {
+        eagle_case{true, 8192, {4, 4, 12}}, eagle_case{true, 8192, {3, 8, 16}},
+        eagle_case{true, 8192, {3, 4, 8}}}) {
     std::string const name = std::string("eagle/") + (c.eagle3 ? "eagle3_vocab" : "eagle1_vocab") +
                              std::to_string(c.draft_vocab) + "/D" + std::to_string(c.tree.depth) +
                              "_K" + std::to_string(c.tree.top_k) + "_N" +
