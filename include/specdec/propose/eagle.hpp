@@ -122,8 +122,8 @@ class eagle_proposer {
     SPECDEC_CHECK(config_.top_k <= runner.draft_vocab_size(), invalid_argument,
                   "eagle_proposer: top_k ", config_.top_k, " exceeds the draft vocabulary of ",
                   runner.draft_vocab_size());
-    std::size_t const rows = std::max<std::size_t>(config_.top_k, 1);
-    allocate(config_.candidates(), (config_.depth - 1) * config_.top_k, rows, config_.top_k);
+    allocate(config_.candidates(), (config_.depth - 1) * config_.top_k, config_.top_k,
+             config_.top_k);
   }
 
   //! EAGLE-1 static trees of shape `shape`. Throws `errc::invalid_argument` when the tree uses
@@ -172,7 +172,7 @@ class eagle_proposer {
     tree.reset(ctx.tokens.back());
     if (tree.has_q()) tree.enable_q(0);
     extend(ctx);
-    std::size_t budget = std::min({max_nodes(), ctx.max_nodes, tree.capacity() - 1});
+    std::size_t const budget = std::min({max_nodes(), ctx.max_nodes, tree.capacity() - 1});
     std::size_t const t = ctx.tokens.size();
     // Entries the head can still take, and positions (a node at depth d sits at t - 2 + d).
     std::size_t const cap = runner_->max_context();
@@ -228,6 +228,8 @@ class eagle_proposer {
     std::int32_t draft = -1;  // index in the emitted draft tree
   };
 
+  // Sizes every buffer for `nodes` candidates, `entries` tree rows per step, at most `widest`
+  // rows per head call and `ranks` ranks read per row (drafting then allocates nothing).
   void allocate(std::size_t nodes, std::size_t entries, std::size_t widest, std::size_t ranks) {
     std::size_t const d = runner_->hidden_size(), v = runner_->draft_vocab_size();
     nodes_.resize(nodes + 1);
@@ -239,10 +241,9 @@ class eagle_proposer {
     batch_tokens_.resize(widest);
     batch_positions_.resize(widest);
     batch_nodes_.resize(widest);
-    ranked_.resize(std::max(widest, std::size_t{1}) * ranks);
-    order_.resize(nodes);
-    mask_words_ = mask_words(entries + 1);
-    mask_.resize(widest * mask_words_);
+    ranked_.resize(ranks);
+    order_.resize(nodes + 1);
+    mask_.resize(widest * mask_words(entries + 1));
     tokens_.resize(nodes + 1);
     log_prob_.resize(nodes + 1);
   }
@@ -482,7 +483,6 @@ class eagle_proposer {
   std::vector<std::int32_t> batch_nodes_;
   std::vector<token_id> ranked_;     // top ranks of one row
   std::vector<std::int32_t> order_;  // candidates by confidence
-  std::size_t mask_words_ = 0;
   std::vector<std::uint64_t> mask_;  // [widest batch, mask words]
 };
 
