@@ -173,7 +173,7 @@ TEST_CASE("cuda eagle: EAGLE-2 and EAGLE-3 greedy on the CUDA model == its greed
   sd::cuda_llama target(weights);
   sd::cuda_eagle_head e1(*trained("eagle1"));
   sd::cuda_eagle_head e3(*trained("eagle3"));
-  sd::eagle_tree_config const tree{.depth = 6, .top_k = 8, .nodes = 32};
+  sd::eagle_tree_config const tree{.depth = 8, .top_k = 6, .nodes = 32};
   sd::eagle_proposer p1(e1, tree);
   sd::eagle_proposer p3(e3, tree);
   sd::decode_config config;
