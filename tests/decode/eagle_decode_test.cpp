@@ -141,12 +141,12 @@ TEST_CASE("eagle: sampled decoding matches autoregressive sampling (chi-square)"
   static auto const joint = exact_joint(weights, prompt);
   sd::cpu_llama target(weights, {.threads = 1});
 
-  SUBCASE("EAGLE-3 head, dynamic tree of 32, tree verifier") {
+  SUBCASE("EAGLE-3 head, dynamic tree of depth 4, top-4, 16 nodes, tree verifier") {
     sd::cpu_eagle_head runner(test_support::fixture_eagle3());
-    cpu_eagle p(runner, fixture_tree);
-    sd::speculative_decoder dec(target, p, sd::tree_verifier{}, target_policy(), two_tokens(32));
+    cpu_eagle p(runner, sd::eagle_tree_config{.depth = 4, .top_k = 4, .nodes = 16});
+    sd::speculative_decoder dec(target, p, sd::tree_verifier{}, target_policy(), two_tokens(16));
     sd::request_stats s;
-    check_counts(sample_pairs(dec, prompt, &s), joint, trials, "eagle-3, 32 nodes");
+    check_counts(sample_pairs(dec, prompt, &s), joint, trials, "eagle-3, 16 nodes");
     CHECK(s.accepted > 0);
   }
   SUBCASE("EAGLE-1 head, dynamic tree pruned to 6 nodes, tree verifier") {

@@ -717,7 +717,8 @@ TEST_CASE("generate: eagle reads its head, its trees and their options") {
   // Not an EAGLE head: a run-time error naming the file.
   std::string const medusa =
       test_support::source_file("tools/heads/medusa/config.json").parent_path().string();
-  check_error(once({"--strategy", "eagle", "--eagle", medusa}), 1, "missing \"hidden_size\"");
+  check_error(once({"--strategy", "eagle", "--eagle", medusa}), 1,
+              "medusa/config.json: missing \"intermediate_size\"");
 }
 
 #endif  // SPECDEC_GENERATE_PATH
