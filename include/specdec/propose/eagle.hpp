@@ -38,6 +38,7 @@
 //! residual streams after the layers its config names (the decoder asks the target for them).
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
+#include "specdec/detail/rows.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/propose/sparse_tree.hpp"
 
@@ -236,6 +238,7 @@ class eagle_proposer {
     outs_.resize((entries + 1) * d);
     last_out_.resize(d);
     root_logits_.resize(v);
+    exp_.resize(v);
     logits_.resize(widest * v);
     in_.resize(widest * d);
     batch_tokens_.resize(widest);
@@ -288,6 +291,14 @@ class eagle_proposer {
     have_out_ = true;
     runner_->logits(matrix_view<float const>(last_out_.data(), 1, d),
                     matrix_view<float>(root_logits_.data(), 1, root_logits_.size()));
+  }
+
+  // log(sum exp(row)): the row's maximum (checked: NaN and +inf throw) plus the log of the sum of
+  // exp(row - max), both by the vectorised row passes of the sampling kernels (detail/rows.hpp).
+  [[nodiscard]] double log_sum_exp(std::span<float const> row) {
+    float const top = detail::summarize_row(row, "eagle_proposer").max;
+    double const sum = detail::exp_shifted(row.data(), exp_.data(), row.size(), top, 1.0f);
+    return static_cast<double>(top) + std::log(sum);
   }
 
   // The target id of draft id `i`.
@@ -347,7 +358,7 @@ class eagle_proposer {
                     std::int32_t depth) {
     std::span<token_id> const top = std::span<token_id>(ranked_).first(k);
     detail::top_ranks(row, k, top, "eagle_proposer");
-    double const lse = detail::log_sum_exp(row);
+    double const lse = log_sum_exp(row);
     double const base = parent < 0 ? 0.0 : nodes_[static_cast<std::size_t>(parent)].score;
     for (std::size_t i = 0; i < k; ++i) {
       node& c = nodes_[n_nodes_++];
@@ -438,7 +449,7 @@ class eagle_proposer {
         std::span<float const> const row = rows.subspan(r * v, v);
         std::span<token_id> const top = std::span<token_id>(ranked_).first(child_ranks_[parent]);
         detail::top_ranks(row, top.size(), top, "eagle_proposer");
-        double const lse = detail::log_sum_exp(row);
+        double const lse = log_sum_exp(row);
         for (std::size_t c = parent + 1; c <= n; ++c) {
           if (static_cast<std::size_t>(shape_.parent(c)) != parent) continue;
           token_id const id = top[static_cast<std::size_t>(shape_.rank(c))];
@@ -477,6 +488,7 @@ class eagle_proposer {
   std::size_t n_nodes_ = 0, n_entries_ = 0, n_outs_ = 0;
   std::vector<float> outs_;    // [expanded, dim] outputs of the expanded nodes
   std::vector<float> logits_;  // [widest batch, draft_vocab]
+  std::vector<float> exp_;     // [draft_vocab] scratch of log_sum_exp
   std::vector<float> in_;      // [widest batch, dim] a batch's inputs
   std::vector<token_id> batch_tokens_;
   std::vector<position_t> batch_positions_;
