@@ -34,6 +34,14 @@
 //    on the fixture with the trained heads (greedy, 14 prompts x 128 tokens) x decode step /
 //    (scoring + proposing).
 //
+// 4. EAGLE heads at the stories110M shape: random-weight heads of that shape (EAGLE-1 drafting
+//    through the target's classifier, EAGLE-3 over a draft vocabulary of 8192 of the 32000 tokens)
+//    drafting dynamic trees of several depths and widths, timed as the heads in 3; the drafting
+//    cost per step (the proposer's step: 3 pairs appended and the tree drafted) / one decode step,
+//    and the predicted speedup from the fixture heads' acceptance with the same tree.
+//    The fixture rows of 1 include EAGLE-2 (the EAGLE-1 head) and EAGLE-3 with the trained heads
+//    (tools/eagle) and their 32-node dynamic trees.
+//
 // After the benchmarks a summary table is printed with the bars: library overhead <= 5% of step
 // time, measured speedup within 10% of the prediction, speedup >= 2.5x at acceptance 0.9, the
 // Medusa tree's cost <= 1.3 decode steps at the stories110M shape.
@@ -43,7 +51,8 @@
 // cores), SPECDEC_BENCH_TOKENS (new tokens per controlled run; default 128), SPECDEC_BENCH_REPS
 // (controlled baseline / speculative run pairs; default 3).
 //
-// Run (Release): build/<dir>/benchmarks/bench_e2e [--benchmark_filter=fixture|controlled|heads]
+// Run (Release): build/<dir>/benchmarks/bench_e2e
+//   [--benchmark_filter=fixture|controlled|heads|eagle]
 
 #include <benchmark/benchmark.h>
 
@@ -66,6 +75,7 @@
 #include <vector>
 
 #include "jsonl.hpp"
+#include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/concepts.hpp"
@@ -74,11 +84,13 @@
 #include "specdec/core/philox.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/eagle.hpp"
 #include "specdec/model/heads.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
@@ -198,6 +210,49 @@ class timed_heads {
 };
 static_assert(sd::medusa_heads_runner<timed_heads<sd::cpu_medusa_heads>>);
 static_assert(sd::hydra_heads_runner<timed_heads<sd::cpu_hydra_heads>>);
+
+//! An EAGLE head runner that forwards to the `cpu_eagle_head` it owns and times every forward and
+//! logits call: the head's share of a step.
+class timed_eagle {
+ public:
+  //! Builds the owned runner from `args`.
+  template <class... Args>
+  explicit timed_eagle(Args&&... args) : runner_(std::forward<Args>(args)...) {}
+
+  [[nodiscard]] std::size_t hidden_size() const noexcept { return runner_.hidden_size(); }
+  [[nodiscard]] std::size_t feature_width() const noexcept { return runner_.feature_width(); }
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return runner_.vocab_size(); }
+  [[nodiscard]] std::size_t draft_vocab_size() const noexcept { return runner_.draft_vocab_size(); }
+  [[nodiscard]] std::span<sd::token_id const> draft_to_target() const noexcept {
+    return runner_.draft_to_target();
+  }
+  [[nodiscard]] std::span<std::int32_t const> target_layers() const noexcept {
+    return runner_.target_layers();
+  }
+  [[nodiscard]] std::size_t max_context() const noexcept { return runner_.max_context(); }
+  [[nodiscard]] sd::contiguous_cache& cache() noexcept { return runner_.cache(); }
+
+  //! The owned runner's forward, timed.
+  void forward(sd::eagle_batch const& batch, sd::matrix_view<float> out) {
+    std::uint64_t const t0 = tick_clock::now();
+    runner_.forward(batch, out);
+    clock_.ticks += tick_clock::now() - t0;
+    ++clock_.calls;
+  }
+  //! The owned runner's logits, timed.
+  void logits(sd::matrix_view<float const> hidden, sd::matrix_view<float> out) {
+    std::uint64_t const t0 = tick_clock::now();
+    runner_.logits(hidden, out);
+    clock_.ticks += tick_clock::now() - t0;
+  }
+
+  [[nodiscard]] forward_clock const& clock() const noexcept { return clock_; }
+
+ private:
+  sd::cpu_eagle_head runner_;
+  forward_clock clock_;
+};
+static_assert(sd::eagle_head_runner<timed_eagle>);
 
 // ---------------------------------------------------------------------------------------------
 // Inputs.
@@ -551,6 +606,27 @@ void bench_hydra(benchmark::State& state, bool greedy) {
                    proposer, proposer.max_nodes(), greedy, &heads.clock());
 }
 
+//! tools/eagle/<kind> next to the benchmarks (the EAGLE heads trained for the fixture).
+fs::path eagle_dir(char const* kind) {
+  return fs::path(__FILE__).parent_path().parent_path() / "tools" / "eagle" / kind;
+}
+
+//! The EAGLE-2 dynamic tree of the fixture rows: depth 8, top-6 expansions, 32 nodes (the
+//! training run's best of its grid, tools/eagle/README.md).
+constexpr sd::eagle_tree_config eagle_fixture_tree{.depth = 8, .top_k = 6, .nodes = 32};
+
+void bench_eagle(benchmark::State& state, char const* kind, bool greedy) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  timed_eagle head(
+      std::make_shared<sd::eagle_weights const>(sd::load_eagle_head(eagle_dir(kind), f.weights)));
+  sd::eagle_proposer proposer(head, eagle_fixture_tree);
+  run_tree_fixture(state,
+                   std::string(kind[5] == '1' ? "EAGLE-2 (EAGLE-1 head)" : "EAGLE-3") +
+                       " tree 32, " + (greedy ? "greedy" : "temp 1"),
+                   target, proposer, proposer.max_nodes(), greedy, &head.clock());
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Controlled acceptance.
 
@@ -773,6 +849,7 @@ struct heads_cost_row {
   [[nodiscard]] double predicted() const { return acceptance * t_step / (t_tree + t_propose); }
 };
 std::vector<heads_cost_row> heads_cost_rows;
+std::vector<heads_cost_row> eagle_cost_rows;  //!< the same measurements for EAGLE heads
 
 //! The mean accepted length of `proposer` on the fixture: greedy, the 14 prompts x 128 tokens,
 //! at most `nodes` drafted nodes per step.
@@ -892,6 +969,107 @@ void bench_heads_cost(benchmark::State& state, bool hydra, std::size_t layers, s
   heads_cost_rows.push_back(row);
 }
 
+//! EAGLE at the stories110M shape: a random-weight head (one layer of the target's shape, EAGLE-1
+//! reading the final hidden state and drafting through the target's classifier, or EAGLE-3 reading
+//! three layers and drafting over `draft_vocab` tokens) drafting the dynamic tree `tree`. Timed as
+//! the heads above: a decode step, the scoring forward of the drafted tree, and the proposer's
+//! step, which appends the pairs of the last 3 committed tokens (about a step's acceptance) and
+//! drafts the tree. The acceptance is the trained fixture head's (greedy, same tree).
+void bench_eagle_cost(benchmark::State& state, bool eagle3, std::size_t draft_vocab,
+                      sd::eagle_tree_config tree_config) {
+  fixture const& f = fixture::get();
+  auto const& config = stories110m()->config;
+  std::size_t const threads = bench_threads();
+  sd::cpu_llama model(stories110m(), sd::cpu_llama_options{.threads = threads});
+  heads_cost_row row;
+  for (auto _ : state) {
+    fs::path const trained_dir = eagle_dir(eagle3 ? "eagle3" : "eagle1");
+    double acceptance = 0.0;  // without the trained head: no prediction
+    if (fs::exists(trained_dir / sd::eagle_weights_file)) {
+      sd::cpu_eagle_head trained(
+          std::make_shared<sd::eagle_weights const>(sd::load_eagle_head(trained_dir, f.weights)));
+      sd::eagle_proposer fixture_proposer(trained, tree_config);
+      acceptance = fixture_acceptance(fixture_proposer, tree_config.nodes);
+    }
+    auto const version = eagle3 ? sd::eagle_version::eagle3 : sd::eagle_version::eagle1;
+    auto const n = config.n_layers;
+    auto const weights = std::make_shared<sd::eagle_weights const>(sd::make_random_eagle_head(
+        version, stories110m(), static_cast<std::size_t>(config.n_heads),
+        static_cast<std::size_t>(config.n_kv_heads), static_cast<std::size_t>(config.hidden_dim),
+        draft_vocab, {2, n / 2, n - 3}, 7, 0.02f));
+    sd::cpu_eagle_head head(weights, {.threads = threads});
+    sd::eagle_proposer proposer(head, tree_config);
+
+    // A sequence of 96 tokens in the target's cache and its features.
+    constexpr std::size_t base = 96, fresh = 3;
+    std::vector<sd::token_id> seq(base + 1);
+    for (std::size_t i = 0; i < seq.size(); ++i)
+      seq[i] = static_cast<sd::token_id>((i * 7919 + 13) % model.vocab_size());
+    std::vector<sd::position_t> positions(base);
+    for (std::size_t i = 0; i < base; ++i) positions[i] = static_cast<sd::position_t>(i);
+    sd::forward_result out;
+    model.cache().truncate(0);
+    sd::forward_request req{.tokens = std::span<sd::token_id const>(seq).first(base),
+                            .positions = positions};
+    req.want_hidden = !eagle3;
+    req.hidden_layers = weights->target_layers;
+    model.forward(req, out);
+    sd::matrix_view<float const> const features =
+        eagle3 ? out.layer_hidden_view() : out.hidden_view();
+    std::vector<float> const rows(features.data(), features.data() + base * features.cols());
+    sd::propose_context ctx;
+    ctx.tokens = seq;
+    ctx.max_nodes = tree_config.nodes;
+    proposer.begin(seq);
+    ctx.target_hidden = sd::matrix_view<float const>(rows.data(), base, features.cols());
+    sd::draft_tree tree(tree_config.nodes + 1);
+    proposer.propose(ctx, tree);
+    proposer.accept({});
+    // Each timed step: the last `fresh` pairs appended again, then the tree drafted.
+    ctx.target_hidden = sd::matrix_view<float const>(rows.data() + (base - fresh) * features.cols(),
+                                                     fresh, features.cols());
+    std::vector<sd::position_t> tree_positions(tree.size());
+    for (std::size_t i = 0; i < tree.size(); ++i)
+      tree_positions[i] =
+          static_cast<sd::position_t>(base) + tree.depth(static_cast<sd::node_index>(i));
+    sd::forward_request const tree_req{.tokens = tree.tokens(),
+                                       .positions = tree_positions,
+                                       .mask = tree.mask(),
+                                       .mask_stride = tree.mask_stride()};
+    sd::forward_request const single_req{.tokens = tree.tokens().first(1),
+                                         .positions = std::span(tree_positions).first(1)};
+    std::vector<double> t_step, t_tree, t_propose;
+    sd::draft_tree scratch(tree_config.nodes + 1);
+    for (int i = 0; i < 15; ++i) {
+      t_step.push_back(seconds_of([&] { model.forward(single_req, out); }));
+      model.cache().truncate(base);
+      t_tree.push_back(seconds_of([&] { model.forward(tree_req, out); }));
+      model.cache().truncate(base);
+      t_propose.push_back(seconds_of([&] {
+        proposer.propose(ctx, scratch);
+        proposer.accept({});
+      }));
+    }
+    row.nodes = tree.num_drafted();
+    row.t_step = median(t_step);
+    row.t_tree = median(t_tree);
+    row.t_propose = median(t_propose);
+    row.acceptance = acceptance;
+  }
+  row.name = std::string(eagle3 ? "EAGLE-3, draft vocab " + std::to_string(draft_vocab)
+                                : std::string("EAGLE-1 (EAGLE-2 tree)")) +
+             ", D" + std::to_string(tree_config.depth) + " K" + std::to_string(tree_config.top_k);
+  state.counters["nodes"] = static_cast<double>(row.nodes);
+  state.counters["T_step_ms"] = 1e3 * row.t_step;
+  state.counters["T_tree_ms"] = 1e3 * row.t_tree;
+  state.counters["T_propose_ms"] = 1e3 * row.t_propose;
+  state.counters["propose_per_step"] = row.t_propose / row.t_step;
+  state.counters["cost_ratio"] = row.ratio();
+  state.counters["mean_acc_len"] = row.acceptance;
+  state.counters["predicted_speedup"] = row.predicted();
+  eagle_cost_rows.push_back(row);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The summary.
 
@@ -971,6 +1149,23 @@ void print_summary() {
                   r.name.rfind("Medusa", 0) == 0 && r.nodes == 32 ? verdict(r.ratio() <= 1.3) : "-",
                   r.acceptance, r.predicted());
   }
+  if (!eagle_cost_rows.empty()) {
+    std::printf(
+        "\nEAGLE heads at the stories110M shape (random weights: one layer of the target's shape), "
+        "%zu threads; dynamic trees\n(depth D, top-K, the nodes shown); medians of 15 alternating "
+        "timings in the middle of a sequence, the proposer step\nappending 3 pairs and drafting. "
+        "draft = proposer step / decode step (bar: <= 0.5); cost = (scoring + proposing) /\n"
+        "decode step; acc.len = mean accepted length of the trained fixture head with the same "
+        "tree; predicted = acc.len x\ndecode step / (scoring + proposing).\n\n",
+        bench_threads());
+    std::printf("%-36s %6s %9s %9s %11s %7s %7s %7s %8s %10s\n", "head", "nodes", "step ms",
+                "tree ms", "propose ms", "draft", "<= 0.5", "cost", "acc.len", "predicted");
+    for (heads_cost_row const& r : eagle_cost_rows)
+      std::printf("%-36s %6zu %9.2f %9.2f %11.2f %6.2fx %7s %6.2fx %8.3f %9.2fx\n", r.name.c_str(),
+                  r.nodes, 1e3 * r.t_step, 1e3 * r.t_tree, 1e3 * r.t_propose,
+                  r.t_propose / r.t_step, verdict(r.t_propose / r.t_step <= 0.5), r.ratio(),
+                  r.acceptance, r.predicted());
+  }
 }
 
 }  // namespace
@@ -1020,6 +1215,12 @@ int main(int argc, char** argv) {
                                  [greedy](benchmark::State& s) { bench_hydra(s, greedy); })
         ->Iterations(3);
   }
+  for (char const* kind : {"eagle1", "eagle3"})
+    for (bool greedy : {true, false})
+      benchmark::RegisterBenchmark(
+          (std::string("fixture/") + kind + (greedy ? "/greedy" : "/temp1")).c_str(),
+          [kind, greedy](benchmark::State& s) { bench_eagle(s, kind, greedy); })
+          ->Iterations(3);
   for (double a : {0.5, 0.7, 0.9}) {
     benchmark::RegisterBenchmark(
         ("controlled/acceptance:" + std::to_string(a).substr(0, 3)).c_str(),
@@ -1039,6 +1240,25 @@ int main(int argc, char** argv) {
                              std::to_string(c.layers) + "blocks/nodes:" + std::to_string(c.nodes);
     benchmark::RegisterBenchmark(
         name.c_str(), [c](benchmark::State& s) { bench_heads_cost(s, c.hydra, c.layers, c.nodes); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+  struct eagle_case {
+    bool eagle3;
+    std::size_t draft_vocab;
+    sd::eagle_tree_config tree;
+  };
+  for (eagle_case const c :
+       {eagle_case{false, 32000, {8, 6, 32}}, eagle_case{true, 8192, {8, 6, 32}},
+        eagle_case{true, 8192, {4, 4, 16}}, eagle_case{true, 8192, {3, 8, 16}},
+        eagle_case{true, 8192, {3, 4, 8}}}) {
+    std::string const name = std::string("eagle/") + (c.eagle3 ? "eagle3_vocab" : "eagle1_vocab") +
+                             std::to_string(c.draft_vocab) + "/D" + std::to_string(c.tree.depth) +
+                             "_K" + std::to_string(c.tree.top_k) + "_N" +
+                             std::to_string(c.tree.nodes);
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [c](benchmark::State& s) { bench_eagle_cost(s, c.eagle3, c.draft_vocab, c.tree); })
         ->Iterations(1)
         ->Unit(benchmark::kMillisecond);
   }

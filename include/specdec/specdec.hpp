@@ -45,6 +45,7 @@
 
 // propose/: one header per drafting strategy.
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
@@ -61,6 +62,7 @@
 // model/: model files (llama2.c, GGUF, safetensors), draft heads, tokenizers, random models of any
 // shape.
 #include "specdec/model/binary_io.hpp"
+#include "specdec/model/eagle.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/half.hpp"
@@ -80,6 +82,7 @@
 #include "specdec/decode/speculative_decoder.hpp"
 
 // reference/: slow, obviously correct versions that tests compare against.
+#include "specdec/reference/eagle.hpp"
 #include "specdec/reference/heads.hpp"
 #include "specdec/reference/pivot.hpp"
 #include "specdec/reference/sampling.hpp"

@@ -6,9 +6,12 @@
 
 #include <vector>
 
+#include "specdec/backend/cpu/eagle.hpp"
+#include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/eagle.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/sampling/policy.hpp"
@@ -16,6 +19,8 @@
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "support/allocation_counter.hpp"
+#include "support/eagle.hpp"
+#include "support/fixture.hpp"
 #include "support/toy_model.hpp"
 
 namespace sd = specdec;
@@ -72,4 +77,17 @@ TEST_CASE("no allocation per step") {
     sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{});
     CHECK(allocations_of(dec, 160, out) == allocations_of(dec, 40, out));
   }
+}
+
+TEST_CASE("no allocation per step: EAGLE-3 on the CPU backend") {
+  // The fixture target and a random EAGLE-3 head: the head's cache, its scratch and the
+  // proposer's buffers reach their sizes in the warm-up request.
+  auto const weights = fixture::stories260k();
+  sd::cpu_llama target(weights, {.threads = 1});
+  sd::cpu_eagle_head head(
+      test_support::random_eagle(sd::eagle_version::eagle3, weights, 8, 4, 300, {1, 3, 5}, 3));
+  sd::eagle_proposer p(head, sd::eagle_tree_config{.depth = 4, .top_k = 4, .nodes = 12});
+  sd::speculative_decoder dec(target, p, sd::tree_verifier{}, temperature_one());
+  sd::decode_result out;
+  CHECK(allocations_of(dec, 160, out) == allocations_of(dec, 40, out));
 }

@@ -65,12 +65,17 @@ std::vector<std::string> valid_value(generate::option_spec const& o) {
 }
 
 // "--strategy NAME" and the strategy's required options, with valid values (--heads: the heads
-// trained for the fixture, tools/heads/<strategy>).
+// trained for the fixture, tools/heads/<strategy>; --eagle: tools/eagle/eagle3).
 std::vector<std::string> strategy_args(generate::strategy const& s) {
   std::vector<std::string> args = {"--strategy", std::string(s.name)};
   for (generate::option_spec const* o : s.options) {
     if (!o->required) continue;
     args.emplace_back(o->flag);
+    if (o->flag == "--eagle") {
+      args.push_back(
+          test_support::source_file("tools/eagle/eagle3/config.json").parent_path().string());
+      continue;
+    }
     if (o->flag == "--heads") {
       args.push_back(
           test_support::source_file(("tools/heads/" + std::string(s.name) + "/config.json").c_str())
@@ -703,6 +708,53 @@ TEST_CASE("generate: medusa and hydra read their heads, trees and verifier optio
   check_error(once({"--strategy", "hydra", "--heads", medusa}), 1, "missing \"hydra_num_heads\"");
   check_error(once({"--strategy", "medusa", "--heads", medusa, "--tree", model()}), 1,
               "invalid JSON");
+}
+
+TEST_CASE("generate: eagle reads its head, its trees and their options") {
+  auto const stats = [](json const& j) { return j.at("stats"); };
+  std::string const e1 =
+      test_support::source_file("tools/eagle/eagle1/config.json").parent_path().string();
+  std::string const e3 =
+      test_support::source_file("tools/eagle/eagle3/config.json").parent_path().string();
+  // The dynamic tree by default: depth 6, top-8, 32 nodes; greedy output is greedy decoding's.
+  json const a = gen_json(once({"--strategy", "eagle", "--eagle", e1, "-n", "64"}));
+  CHECK(str(a.at("description")) == "EAGLE, EAGLE-1 head, dynamic tree: depth 6, top-8, 32 nodes");
+  CHECK(str(a.at("verifier")) == "greedy");
+  CHECK(num(stats(a).at("max_tree_size")) <= 32);
+  CHECK(tokens_of(a) == reference_continuation(64));
+  CHECK(num(stats(a).at("mean_accepted_length")) > 2.5);
+  json const b = gen_json(once({"--strategy", "eagle", "--eagle", e3, "--eagle-depth", "4",
+                                "--eagle-topk", "3", "--tree-nodes", "10", "-n", "48"}));
+  CHECK(str(b.at("description")).find("EAGLE, EAGLE-3 head (layers") == 0);
+  CHECK(str(b.at("description")).find("dynamic tree: depth 4, top-3, 10 nodes") !=
+        std::string::npos);
+  CHECK(num(stats(b).at("max_tree_size")) <= 10);
+  CHECK(stats(b).at("drafted_at_depth").size() <= 4);
+  CHECK(tokens_of(b) == reference_continuation(48));
+  // A static tree (EAGLE-1's), and sampling with the tree verifier.
+  std::string const tree = test_support::source_file("tools/heads/medusa/tree.json").string();
+  json const st =
+      gen_json(once({"--strategy", "eagle", "--eagle", e1, "--tree", tree, "-n", "32"}));
+  CHECK(str(st.at("description")).find("static 32-node tree") != std::string::npos);
+  CHECK(tokens_of(st) == reference_continuation(32));
+  json const sampled = gen_json(once({"--strategy", "eagle", "--eagle", e3, "--temp", "1",
+                                      "--top-p", "0.9", "--seed", "3", "-n", "32"}));
+  CHECK(str(sampled.at("verifier")) == "tree (point masses)");
+  CHECK(tokens_of(sampled).size() == 32);
+
+  check_error(once({"--strategy", "eagle"}), 2, "--eagle DIR");
+  check_error(once({"--strategy", "eagle", "--eagle", "/nonexistent/head"}), 2,
+              "--eagle: no such directory '/nonexistent/head'");
+  check_error(once({"--strategy", "eagle", "--eagle", e1, "--tree", tree, "--eagle-depth", "3"}), 2,
+              "--tree (a static tree) excludes --eagle-depth");
+  check_error(once({"--strategy", "eagle", "--eagle", e1, "--eagle-topk", "0"}), 2, "--eagle-topk");
+  check_error(once({"--strategy", "medusa", "--heads", e1, "--eagle-depth", "3"}), 2,
+              "--eagle-depth");
+  // Not an EAGLE head: a run-time error naming the file.
+  std::string const medusa =
+      test_support::source_file("tools/heads/medusa/config.json").parent_path().string();
+  check_error(once({"--strategy", "eagle", "--eagle", medusa}), 1,
+              "medusa/config.json: missing \"intermediate_size\"");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

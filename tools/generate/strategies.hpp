@@ -16,8 +16,8 @@
 // Verification: temperature 0 is greedy, checked token by token by `greedy_verifier` (the output
 // equals plain greedy decoding). Above 0 the sampler's distribution is verified losslessly: a
 // sampled draft chain (draft model, layer skip) by `speculative_sampling_verifier` with the
-// draft's q rows, deterministic candidates (prompt lookup, REST, lookahead, Medusa and Hydra heads;
-// chains or trees) by `tree_verifier`, which treats each candidate as a point mass. Any
+// draft's q rows, deterministic candidates (prompt lookup, REST, lookahead, Medusa and Hydra heads,
+// EAGLE; chains or trees) by `tree_verifier`, which treats each candidate as a point mass. Any
 // speculative strategy may opt into typical acceptance instead (--verifier typical: lossy).
 
 #include <algorithm>
@@ -37,6 +37,7 @@
 
 #include "generate/models.hpp"
 #include "generate/option.hpp"
+#include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/error.hpp"
@@ -44,11 +45,13 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/eagle.hpp"
 #include "specdec/model/heads.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
 #include "specdec/propose/jacobi.hpp"
 #include "specdec/propose/layer_skip.hpp"
@@ -360,6 +363,51 @@ inline constexpr option_spec write_tree{.flag = "--write-tree",
                                         .help = "write the tree used to FILE (tree.json format)",
                                         .non_empty = true};
 
+//! eagle: the head's directory.
+inline constexpr option_spec eagle{
+    .flag = "--eagle",
+    .value_name = "DIR",
+    .kind = value_kind::text,
+    .help =
+        "the EAGLE head: a directory with config.json and model.safetensors "
+        "(tools/eagle/README.md); EAGLE-1 or EAGLE-3 from its config",
+    .required = true,
+    .non_empty = true};
+//! eagle: the dynamic tree's depth.
+inline constexpr option_spec eagle_depth{
+    .flag = "--eagle-depth",
+    .value_name = "D",
+    .kind = value_kind::count,
+    .help = "depth of the dynamic tree (EAGLE-2): D - 1 expansions of the head",
+    .count_lo = 1,
+    .count_hi = 64,
+    .count_default = sd::eagle_tree_config{}.depth};
+//! eagle: the dynamic tree's top-k.
+inline constexpr option_spec eagle_topk{
+    .flag = "--eagle-topk",
+    .value_name = "K",
+    .kind = value_kind::count,
+    .help = "nodes expanded per depth and children per expanded node (the dynamic tree)",
+    .count_lo = 1,
+    .count_hi = 64,
+    .count_default = sd::eagle_tree_config{}.top_k};
+//! eagle: the dynamic tree's node count.
+inline constexpr option_spec eagle_nodes{
+    .flag = "--tree-nodes",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "drafted nodes kept per step, the most confident (the dynamic tree)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = sd::eagle_tree_config{}.nodes};
+//! eagle: a static tree instead (EAGLE-1).
+inline constexpr option_spec eagle_tree{
+    .flag = "--tree",
+    .value_name = "FILE",
+    .kind = value_kind::text,
+    .help = "draft a static tree instead (EAGLE-1): a JSON array of rank paths (tree.json)",
+    .non_empty = true};
+
 }  // namespace opt
 
 // ---------------------------------------------------------------------------------------------
@@ -392,6 +440,15 @@ inline void check_heads(option_values const& v) {
     if (!std::filesystem::is_regular_file(*tree, ec))
       throw usage_error("--tree: no such file '" + *tree + "'");
   }
+}
+
+//! eagle: a static tree (--tree) excludes the dynamic tree's options, and names a file.
+inline void check_eagle(option_values const& v) {
+  if (v.given(opt::eagle_tree))
+    for (option_spec const* o : {&opt::eagle_depth, &opt::eagle_topk, &opt::eagle_nodes})
+      if (v.given(*o))
+        throw usage_error(std::string("--tree (a static tree) excludes ") + std::string(o->flag));
+  check_heads(v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,6 +697,40 @@ inline run_output run_hydra(session& s) {
                         "Hydra, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
 }
 
+//! eagle: an EAGLE head on the target's features drafts a dynamic tree (EAGLE-2; EAGLE-3 heads
+//! too) or a static one (--tree).
+inline run_output run_eagle(session& s) {
+  option_values const& v = s.values;
+  std::filesystem::path const dir = *v.text(opt::eagle);
+  if (!std::filesystem::is_directory(dir))
+    throw usage_error("--eagle: no such directory '" + dir.string() + "'");
+  auto const head = std::make_shared<sd::eagle_weights const>(sd::load_eagle_head(dir, s.weights));
+  sd::cpu_eagle_head runner(head, {.threads = s.model_options.threads,
+                                   .pool = s.model_options.pool,
+                                   .max_context = s.target.max_context()});
+  std::string kind = "EAGLE-1 head";
+  if (head->config.version == sd::eagle_version::eagle3) {
+    kind = "EAGLE-3 head (layers";
+    for (std::int32_t l : head->target_layers) kind += " " + std::to_string(l);
+    kind += ", draft vocabulary " + std::to_string(head->draft_vocab) + ")";
+  }
+  if (auto const file = v.text(opt::eagle_tree)) {
+    sd::eagle_proposer proposer(runner,
+                                sd::sparse_tree::from_choices(sd::read_tree_choices(*file)));
+    return run_candidates(s, proposer,
+                          "EAGLE, " + kind + ", static " + std::to_string(proposer.max_nodes()) +
+                              "-node tree " + *file);
+  }
+  sd::eagle_tree_config const c{.depth = static_cast<std::size_t>(v.count(opt::eagle_depth)),
+                                .top_k = static_cast<std::size_t>(v.count(opt::eagle_topk)),
+                                .nodes = static_cast<std::size_t>(v.count(opt::eagle_nodes))};
+  sd::eagle_proposer proposer(runner, c);
+  return run_candidates(s, proposer,
+                        "EAGLE, " + kind + ", dynamic tree: depth " + std::to_string(c.depth) +
+                            ", top-" + std::to_string(c.top_k) + ", " + std::to_string(c.nodes) +
+                            " nodes");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The table.
 
@@ -669,6 +760,8 @@ inline constexpr option_spec const* lookahead[] = {&opt::lookahead_window, &opt:
 inline constexpr option_spec const* jacobi[] = {&opt::chain_length};
 inline constexpr option_spec const* heads[] = {&opt::heads, &opt::tree, &opt::tree_nodes,
                                                &opt::write_tree};
+inline constexpr option_spec const* eagle[] = {&opt::eagle, &opt::eagle_depth, &opt::eagle_topk,
+                                               &opt::eagle_nodes, &opt::eagle_tree};
 }  // namespace strategy_options
 
 //! Every strategy, in --help order.
@@ -717,6 +810,11 @@ inline constexpr strategy strategies[] = {
      .options = strategy_options::heads,
      .check = check_heads,
      .run = run_hydra},
+    {.name = "eagle",
+     .help = "an EAGLE head on the target's features drafts a dynamic tree (EAGLE-2, EAGLE-3)",
+     .options = strategy_options::eagle,
+     .check = check_eagle,
+     .run = run_eagle},
 };
 
 //! The strategy called `name`, or null.

@@ -3,6 +3,7 @@
 //! The request and result of one `causal_lm::forward` call: a batch of tokens at given positions,
 //! with an explicit per-token visibility mask over the batch, scored against the model's cache.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -31,7 +32,12 @@ struct forward_request {
   std::span<std::int32_t const> logits_rows =
       {};                          //!< batch rows that need logits; empty = all rows
   bool want_hidden = false;        //!< also return the final hidden state (after the final norm)
-  std::int32_t hidden_layer = -1;  //!< also return the residual stream after this layer (0-based)
+  std::int32_t hidden_layer = -1;  //!< also return the residual stream after this layer (0-based);
+                                   //!< the same as hidden_layers = {hidden_layer}
+  //! Also return the residual streams after each of these layers (0-based; any order, repeats
+  //! allowed), side by side per token in this order (EAGLE-3 reads three layers' features).
+  //! At most one of `hidden_layer` and `hidden_layers` may be set.
+  std::span<std::int32_t const> hidden_layers = {};
   std::span<std::int32_t const> skip_layers =
       {};  //!< layers to skip, ascending (self-speculation);
            //!< a cache must always see the same skip set
@@ -64,6 +70,16 @@ struct forward_request {
     for (std::int32_t r : logits_rows)
       SPECDEC_CHECK(r >= 0 && static_cast<std::size_t>(r) < n, out_of_range,
                     "forward_request: logits row ", r, " is outside the batch of ", n);
+    SPECDEC_CHECK(hidden_layer < 0 || hidden_layers.empty(), invalid_argument,
+                  "forward_request: hidden_layer and hidden_layers are both set");
+  }
+
+  //! The layers whose residual streams the result holds, in order: `hidden_layers`, or
+  //! {hidden_layer} when that is set (>= 0), else none. Points into this request.
+  [[nodiscard]] std::span<std::int32_t const> requested_layers() const noexcept {
+    if (!hidden_layers.empty()) return hidden_layers;
+    if (hidden_layer >= 0) return std::span<std::int32_t const>(&hidden_layer, 1);
+    return {};
   }
 
   //! Whether batch token i may attend to batch token j.
@@ -75,12 +91,15 @@ struct forward_request {
 
 //! What a forward pass returns. Owns its buffers and reuses them across calls.
 struct forward_result {
-  std::vector<float> logits;        //!< [logits_count, vocab] row-major
-  std::vector<float> hidden;        //!< [n, hidden_size] when want_hidden, else empty
-  std::vector<float> layer_hidden;  //!< [n, hidden_size] when hidden_layer >= 0, else empty
+  std::vector<float> logits;  //!< [logits_count, vocab] row-major
+  std::vector<float> hidden;  //!< [n, hidden_size] when want_hidden, else empty
+  //! [n, layers x hidden_size] the residual streams of `forward_request::requested_layers()`,
+  //! side by side per token (row t: layer 0's stream, then layer 1's, ...), else empty.
+  std::vector<float> layer_hidden;
   std::size_t vocab = 0;
   std::size_t hidden_size = 0;
   std::size_t logits_count = 0;  //!< rows in `logits`: n, or logits_rows.size()
+  std::size_t layer_count = 0;   //!< layers in `layer_hidden` (0 when empty)
 
   //! Logits rows, in request order (row r = batch token r, or logits_rows[r] when given).
   [[nodiscard]] matrix_view<float const> logits_view() const {
@@ -91,11 +110,12 @@ struct forward_result {
                ? matrix_view<float const>()
                : matrix_view<float const>(hidden.data(), hidden.size() / hidden_size, hidden_size);
   }
+  //! [n, layer_count x hidden_size] the requested layers' residual streams (see `layer_hidden`).
   [[nodiscard]] matrix_view<float const> layer_hidden_view() const {
-    return hidden_size == 0 || layer_hidden.empty()
+    std::size_t const width = std::max<std::size_t>(layer_count, 1) * hidden_size;
+    return width == 0 || layer_hidden.empty()
                ? matrix_view<float const>()
-               : matrix_view<float const>(layer_hidden.data(), layer_hidden.size() / hidden_size,
-                                          hidden_size);
+               : matrix_view<float const>(layer_hidden.data(), layer_hidden.size() / width, width);
   }
 };
 

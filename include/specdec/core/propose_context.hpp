@@ -17,8 +17,10 @@ struct propose_context {
   //! (it is not yet in the target's KV cache).
   std::span<token_id const> tokens;
   //! [rows, hidden_size] the target's final hidden states for the tokens committed by the last
-  //! step, in order (the last row is that of the token before the root); empty unless the
-  //! proposer declares `needs_target_hidden` and the model provides hidden states.
+  //! step, in order (the last row is that of the token before the root; at the first step, every
+  //! prompt token but the last); empty unless the proposer declares `needs_target_hidden` and the
+  //! model provides hidden states. A proposer whose `target_hidden_layers()` names layers gets
+  //! their residual streams instead, side by side: [rows, layers x hidden_size].
   matrix_view<float const> target_hidden;
   //! Most draft nodes (root excluded) the decoder will score this step.
   std::size_t max_nodes = 0;

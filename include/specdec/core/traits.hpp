@@ -7,7 +7,9 @@
 //! A proposer may declare (an absent member means false):
 //! - `produces_trees`: it may emit trees with more than one child per node;
 //! - `samples_drafts`: it samples its drafts and records their q rows (`draft_tree::enable_q`);
-//! - `needs_target_hidden`: it reads the target's hidden states (`propose_context::target_hidden`);
+//! - `needs_target_hidden`: it reads the target's hidden states (`propose_context::target_hidden`):
+//!   the final hidden state, or, when it has a member `target_hidden_layers() const` returning a
+//!   non-empty span of layer indices, the residual streams after those layers (EAGLE-3);
 //! - `has_auxiliary_tokens`: it scores auxiliary tokens beside its tree (`auxiliary_proposer`).
 //!
 //! A verifier may declare (an absent member means the permissive default):

@@ -98,7 +98,9 @@ using step_result_t = typename step_result<Model, Proposer, Verifier, Policy>::t
 //! \tparam Model    the target, a `causal_lm`; held by reference, its cache is reset per request.
 //! \tparam Proposer a `proposer`; held by reference. Its traits select what the loop does:
 //!                  `needs_target_hidden` requests hidden rows from the target and passes those of
-//!                  the last committed tokens in `propose_context::target_hidden`;
+//!                  the last committed tokens in `propose_context::target_hidden` (the final
+//!                  hidden state, or, when its `target_hidden_layers() const` names layers, their
+//!                  residual streams side by side: `forward_request::hidden_layers`);
 //!                  `has_auxiliary_tokens` scores the proposer's auxiliary tokens after the tree
 //!                  in the same forward and shows it the rows (`auxiliary_proposer`). Its
 //!                  `max_nodes() const`, when it has one, is the node budget of every step.
@@ -255,9 +257,9 @@ class speculative_decoder {
       forward_request req{.tokens = prompt.first(n),
                           .positions = positions_,
                           .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
-      if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
+      if constexpr (needs_target_hidden_v<Proposer>) request_hidden(req);
       target_->forward(req, fwd_);
-      if constexpr (needs_target_hidden_v<Proposer>) hidden = fwd_.hidden_view();
+      if constexpr (needs_target_hidden_v<Proposer>) hidden = hidden_rows();
     }
     proposer_->begin(prompt);
     return hidden;
@@ -319,8 +321,33 @@ class speculative_decoder {
         req.logits_rows = aux_.logits_rows();
       }
     }
-    if constexpr (needs_target_hidden_v<Proposer>) req.want_hidden = true;
+    if constexpr (needs_target_hidden_v<Proposer>) request_hidden(req);
     target_->forward(req, fwd_);
+  }
+
+  //! The layers whose residual streams the proposer reads (its `target_hidden_layers()`, e.g.
+  //! EAGLE-3's), or none: the final hidden state.
+  [[nodiscard]] std::span<std::int32_t const> hidden_layers() const {
+    if constexpr (requires(Proposer const& p) {
+                    {
+                      p.target_hidden_layers()
+                      } -> std::convertible_to<std::span<std::int32_t const>>;
+                  })
+      return proposer_->target_hidden_layers();
+    else
+      return {};
+  }
+
+  //! Asks `req` for the hidden rows the proposer reads: the final hidden state, or the residual
+  //! streams of its layers.
+  void request_hidden(forward_request& req) const {
+    req.hidden_layers = hidden_layers();
+    req.want_hidden = req.hidden_layers.empty();
+  }
+
+  //! The hidden rows of the last forward that the proposer reads ([n, width]).
+  [[nodiscard]] matrix_view<float const> hidden_rows() const {
+    return hidden_layers().empty() ? fwd_.hidden_view() : fwd_.layer_hidden_view();
   }
 
   //! The tree's logits rows (auxiliary rows follow them in the forward's result).
@@ -396,7 +423,7 @@ class speculative_decoder {
 
   //! Copies the hidden rows of the root and the accepted nodes, in order, into `hidden_`.
   matrix_view<float const> gather_hidden() {
-    matrix_view<float const> const all = fwd_.hidden_view();
+    matrix_view<float const> const all = hidden_rows();
     if (all.empty()) return {};
     std::size_t const h = all.cols();
     std::size_t const rows = result_.num_accepted() + 1;

@@ -147,6 +147,20 @@ class head_tensor_loader {
     wanted_.push_back({&t, target});
   }
 
+  //! Expects tensor `name` of shape `shape` that the caller reads itself (an integer or BOOL
+  //! tensor, `safetensors_file::read_integers`): checks its shape and marks it used.
+  safetensors_tensor const& want_other(std::string const& name, std::vector<std::uint64_t> shape,
+                                       std::string_view role) {
+    safetensors_tensor const& t = file_.require(name);
+    SPECDEC_CHECK(t.shape == shape, bad_file, file_.where(), ": tensor '", name, "' has shape ",
+                  t.shape_text(), ", expected ", shape_text(shape), " = ", role);
+    for (auto const& w : wanted_)
+      SPECDEC_CHECK(w.tensor != &t, internal, file_.where(), ": tensor '", name,
+                    "' requested twice");
+    wanted_.push_back({&t, nullptr});
+    return t;
+  }
+
   //! Throws `errc::bad_file` naming the first tensor of the file that was not expected, then
   //! fills every target pointer and returns the storage that keeps them valid.
   [[nodiscard]] std::shared_ptr<void const> finish() {
@@ -160,6 +174,7 @@ class head_tensor_loader {
     storage->map = file_.file();
     float* next = owned_ > 0 ? storage->allocate(static_cast<std::size_t>(owned_)) : nullptr;
     for (auto const& [t, target] : wanted_) {
+      if (target == nullptr) continue;  // read by the caller (`want_other`)
       if (in_place(*t)) {
         *target = reinterpret_cast<float const*>(t->data);
         continue;

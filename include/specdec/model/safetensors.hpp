@@ -29,12 +29,14 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -283,6 +285,53 @@ class safetensors_file {
     std::vector<float> out(static_cast<std::size_t>(t.elements));
     read(t, out);
     return out;
+  }
+
+  //! Converts `t` (a tensor of this file) of an integer type (I8 ... I64, U8 ... U64) or BOOL to
+  //! int64 into `out`, which must hold `t.elements` values (BOOL: 0 or 1; any other byte throws
+  //! `errc::bad_file`, as does a U64 value beyond the int64 range). Throws `errc::unsupported`
+  //! naming the tensor for floating-point dtypes and `errc::invalid_argument` for a wrong size.
+  void read_integers(safetensors_tensor const& t, std::span<std::int64_t> out) const {
+    SPECDEC_CHECK(out.size() == t.elements, invalid_argument, where_, ": tensor '", t.name,
+                  "' has ", t.elements, " elements, the buffer ", out.size());
+    auto const convert = [&]<class T>(T) {
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        T v;
+        std::memcpy(&v, t.data + i * sizeof(T), sizeof(T));
+        if constexpr (std::is_same_v<T, std::uint64_t>)
+          SPECDEC_CHECK(v <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                        bad_file, where_, ": tensor '", t.name, "' holds ", v, " at index ", i,
+                        ", beyond the int64 range");
+        out[i] = static_cast<std::int64_t>(v);
+      }
+    };
+    switch (t.dtype) {
+      case safetensors_dtype::i8:
+        return convert(std::int8_t{});
+      case safetensors_dtype::i16:
+        return convert(std::int16_t{});
+      case safetensors_dtype::i32:
+        return convert(std::int32_t{});
+      case safetensors_dtype::i64:
+        return convert(std::int64_t{});
+      case safetensors_dtype::u8:
+        return convert(std::uint8_t{});
+      case safetensors_dtype::u16:
+        return convert(std::uint16_t{});
+      case safetensors_dtype::u32:
+        return convert(std::uint32_t{});
+      case safetensors_dtype::u64:
+        return convert(std::uint64_t{});
+      case safetensors_dtype::boolean:
+        convert(std::uint8_t{});
+        for (std::size_t i = 0; i < out.size(); ++i)
+          SPECDEC_CHECK(out[i] == 0 || out[i] == 1, bad_file, where_, ": tensor '", t.name,
+                        "' holds the byte ", out[i], " at index ", i, ", not a BOOL (0 or 1)");
+        return;
+      default:
+        SPECDEC_THROW(unsupported, where_, ": tensor '", t.name, "' has dtype ", to_string(t.dtype),
+                      ", not an integer or BOOL type");
+    }
   }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -14,6 +15,7 @@
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/model/load.hpp"
+#include "support/errors.hpp"
 #include "support/files.hpp"
 #include "support/llama_shapes.hpp"
 
@@ -452,6 +454,51 @@ TEST_CASE("cpu_llama: logits_rows, hidden rows, hidden_layer and skip_layers") {
   sreq.hidden_layer = -1;
   skipper.forward(sreq, sout);
   CHECK(st::row_error(sout.logits.data(), a.data(), 75) == 0.0);
+}
+
+TEST_CASE("cpu_llama: hidden_layers returns several layers side by side, in the order asked") {
+  auto w = st::random_llama(test_support::shapes::odd_gqa(), 43);
+  auto const tokens = random_tokens(7, 75, 8);
+  auto const positions = iota_positions(0, 7);
+  std::size_t const d = 48;
+  // Each layer alone, through hidden_layer.
+  std::vector<std::vector<float>> single;
+  for (std::int32_t l = 0; l < 3; ++l) {
+    sd::cpu_llama m(w, {.threads = 1});
+    sd::forward_request req{.tokens = tokens, .positions = positions};
+    req.hidden_layer = l;
+    sd::forward_result out;
+    m.forward(req, out);
+    CHECK(out.layer_count == 1);
+    REQUIRE(out.layer_hidden_view().cols() == d);
+    single.push_back(out.layer_hidden);
+  }
+  // Layers 2, 0, 2 at once: row t holds layer 2's stream, then layer 0's, then layer 2's again.
+  std::vector<std::int32_t> const layers{2, 0, 2};
+  sd::cpu_llama m(w, {.threads = 2});
+  sd::forward_request req{.tokens = tokens, .positions = positions};
+  req.hidden_layers = layers;
+  sd::forward_result out;
+  m.forward(req, out);
+  CHECK(out.layer_count == 3);
+  REQUIRE(out.layer_hidden_view().rows() == 7);
+  REQUIRE(out.layer_hidden_view().cols() == 3 * d);
+  for (std::size_t t = 0; t < 7; ++t)
+    for (std::size_t j = 0; j < 3; ++j) {
+      auto const row = out.layer_hidden_view().row(t).subspan(j * d, d);
+      auto const& want = single[static_cast<std::size_t>(layers[j])];
+      CHECK(std::equal(row.begin(), row.end(), want.begin() + static_cast<std::ptrdiff_t>(t * d)));
+    }
+  // Errors: a layer outside the model, both fields set.
+  m.reset();
+  std::vector<std::int32_t> const bad{0, 3};
+  req.hidden_layers = bad;
+  test_support::check_error([&] { m.forward(req, out); }, sd::errc::out_of_range, "hidden layer 3");
+  req.hidden_layers = layers;
+  req.hidden_layer = 1;
+  test_support::check_error([&] { m.forward(req, out); }, sd::errc::invalid_argument,
+                            "hidden_layer and hidden_layers are both set");
+  CHECK(m.cache().size() == 0);
 }
 
 TEST_CASE("cpu_llama: bad requests throw specdec::error and leave the cache unchanged") {

@@ -372,4 +372,90 @@ inline void attention_values_scalar(float const* p, float const* v, std::size_t 
   for (std::size_t d = 0; d < hs; ++d) out[d] *= inv;
 }
 
+//! Compacts the scores s[0, end) by cache row to the virtual sequence `runs`: s[i] becomes the
+//! score of the sequence's row i.
+inline void compact_scores(float* s, row_run const* runs, std::size_t n_runs) noexcept {
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < n_runs; ++r) {
+    if (runs[r].row != at) std::copy(s + runs[r].row, s + runs[r].row + runs[r].count, s + at);
+    at += runs[r].count;
+  }
+}
+
+//! The attention of one token for its query heads [h0, h1) (at most `max_value_accumulators`
+//! of them) over the virtual sequence `runs` (`n_runs` runs of cache rows, `length` rows in all,
+//! every row below `end`): scores by cache row [0, end) compacted to the sequence, softmax over
+//! it, then the values summed over it in its order. `q` [heads, hs] is the token's query row,
+//! `kc` / `vc` the layer's keys and values ([rows, ldkv], kv head g at g hs), query head h reading
+//! kv head h / per_kv; `scores` is scratch of (h1 - h0) rows `stride` floats apart (stride >=
+//! round_up(max(end, length), 16)); writes att[h hs : (h + 1) hs] for each head. The result
+//! depends only on the sequence's rows, never on where they sit in the cache.
+inline void attend_heads(float const* q, float const* kc, float const* vc, std::size_t ldkv,
+                         std::size_t hs, std::size_t per_kv, std::size_t h0, std::size_t h1,
+                         std::size_t end, row_run const* runs, std::size_t n_runs,
+                         std::size_t length, float* scores, std::size_t stride,
+                         float* att) noexcept {
+  bool const compacted = n_runs > 1 || runs[0].row != 0;
+  float const scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  float top[max_value_accumulators];
+  for (std::size_t h = h0; h < h1; ++h) {
+    float* const s = scores + (h - h0) * stride;
+    attention_scores(q + h * hs, kc + (h / per_kv) * hs, ldkv, end, hs, scale, s);
+    if (compacted) compact_scores(s, runs, n_runs);
+    top[h - h0] = row_max(s, length);
+  }
+  float inv[max_value_accumulators];
+  softmax_rows(h1 - h0, scores, stride, length, top, inv);
+  for (std::size_t h = h0; h < h1; ++h) inv[h - h0] = 1.0f / inv[h - h0];
+
+  // Values: (head, chunk) accumulators in passes of at most max_value_accumulators.
+  std::size_t const chunk = value_chunk;
+  if (chunk == 0 || hs % chunk != 0) {
+    for (std::size_t h = h0; h < h1; ++h)
+      attention_values_scalar(scores + (h - h0) * stride, vc + (h / per_kv) * hs, ldkv, hs, runs,
+                              n_runs, inv[h - h0], att + h * hs);
+    return;
+  }
+#if defined(__SSE2__)
+  std::size_t const chunks = hs / chunk;
+  if (chunks == 1) {
+    // One chunk per head: accumulator a is head h0 + a, value offset (h0 + a) / per_kv.
+    std::size_t const count = h1 - h0;
+    std::size_t const shared = std::min(per_kv, count);
+    bool regular = true;
+    for (std::size_t a = 0; a < count; ++a)
+      regular = regular && (h0 + a) / per_kv - h0 / per_kv == a / shared;
+    if (regular &&
+        attention_values_regular(count, shared, false, scores, stride, inv, att + h0 * hs, vc, ldkv,
+                                 (h0 / per_kv) * hs, runs, n_runs))
+      return;
+  } else if (chunks % max_value_accumulators == 0) {
+    // Whole passes within one head.
+    for (std::size_t h = h0; h < h1; ++h)
+      for (std::size_t c = 0; c < chunks; c += max_value_accumulators)
+        attention_values_regular(max_value_accumulators, 1, true, scores + (h - h0) * stride, 0,
+                                 inv + (h - h0), att + h * hs + c * chunk, vc, ldkv,
+                                 (h / per_kv) * hs + c * chunk, runs, n_runs);
+    return;
+  }
+  std::size_t const pairs = (h1 - h0) * chunks;
+  for (std::size_t a0 = 0; a0 < pairs; a0 += max_value_accumulators) {
+    std::size_t const count = std::min(max_value_accumulators, pairs - a0);
+    float const* p[max_value_accumulators];
+    std::size_t off[max_value_accumulators];
+    float pinv[max_value_accumulators];
+    float* o[max_value_accumulators];
+    for (std::size_t a = 0; a < count; ++a) {
+      std::size_t const h = h0 + (a0 + a) / chunks;
+      std::size_t const c = (a0 + a) % chunks;
+      p[a] = scores + (h - h0) * stride;
+      off[a] = (h / per_kv) * hs + c * chunk;
+      pinv[a] = inv[h - h0];
+      o[a] = att + h * hs + c * chunk;
+    }
+    attention_values(count, p, off, pinv, o, vc, ldkv, runs, n_runs);
+  }
+#endif
+}
+
 }  // namespace specdec::detail::cpu

@@ -205,7 +205,7 @@ class cpu_llama {
   //! Scores `req` against the cache, appends the batch's keys and values to it, and fills `out`
   //! (see `forward_request`, `forward_result`). Throws `specdec::error`, leaving the cache and
   //! `out` untouched, for a malformed request (`forward_request::validate`; a mask row that does
-  //! not let a token see itself; hidden_layer or skip_layers outside the model's layers) and
+  //! not let a token see itself; hidden layers or skip_layers outside the model's layers) and
   //! `errc::context_overflow` when the cache cannot take the batch.
   void forward(forward_request const& req, forward_result& out) {
     validate(req);
@@ -219,7 +219,8 @@ class cpu_llama {
     out.hidden_size = dim_;
     out.logits.resize(m * vocab_);
     out.hidden.resize(req.want_hidden ? n * dim_ : 0);
-    out.layer_hidden.resize(req.hidden_layer >= 0 ? n * dim_ : 0);
+    out.layer_count = req.requested_layers().size();
+    out.layer_hidden.resize(n * out.layer_count * dim_);
     out.logits_count = m;
     std::size_t const past = cache_.append(n);  // throws context_overflow before any change
     run(req, past, out);
@@ -259,6 +260,10 @@ class cpu_llama {
     SPECDEC_CHECK(req.hidden_layer >= -1 && req.hidden_layer < static_cast<std::int32_t>(n_layers_),
                   out_of_range, "cpu_llama::forward: hidden_layer ", req.hidden_layer,
                   " is outside the model's ", n_layers_, " layers");
+    for (std::int32_t l : req.hidden_layers)
+      SPECDEC_CHECK(l >= 0 && l < static_cast<std::int32_t>(n_layers_), out_of_range,
+                    "cpu_llama::forward: hidden layer ", l, " is outside the model's ", n_layers_,
+                    " layers");
     for (std::int32_t l : req.skip_layers)
       SPECDEC_CHECK(l >= 0 && l < static_cast<std::int32_t>(n_layers_), out_of_range,
                     "cpu_llama::forward: skip layer ", l, " is outside the model's ", n_layers_,
@@ -278,18 +283,8 @@ class cpu_llama {
   // Extends the RoPE table to `positions` rows: [positions, head_size / 2] (cos, sin) pairs,
   // each computed in double from its position alone.
   void grow_rope(std::size_t positions) {
-    std::size_t const from = rope_.size() / head_size_;
-    rope_.resize(positions * head_size_);
-    double const theta = static_cast<double>(weights_->config.rope_theta);
-    for (std::size_t p = from; p < positions; ++p) {
-      for (std::size_t i = 0; i < head_size_; i += 2) {
-        double const freq =
-            std::pow(theta, -static_cast<double>(i) / static_cast<double>(head_size_));
-        double const angle = static_cast<double>(p) * freq;
-        rope_[p * head_size_ + i] = static_cast<float>(std::cos(angle));
-        rope_[p * head_size_ + i + 1] = static_cast<float>(std::sin(angle));
-      }
-    }
+    detail::cpu::grow_rope_table(rope_, head_size_,
+                                 static_cast<double>(weights_->config.rope_theta), positions);
   }
 
   // Whether attention uses keys and values transposed into blocks (AVX-512, heads of 8 floats).
@@ -395,8 +390,13 @@ class cpu_llama {
         else
           layer(l, req, past);
       }
-      if (static_cast<std::int32_t>(l) == req.hidden_layer)
-        std::memcpy(out.layer_hidden.data(), x_.data(), n * dim_ * sizeof(float));
+      std::span<std::int32_t const> const wanted = req.requested_layers();
+      for (std::size_t j = 0; j < wanted.size(); ++j) {
+        if (static_cast<std::size_t>(wanted[j]) != l) continue;
+        for (std::size_t t = 0; t < n; ++t)
+          std::memcpy(out.layer_hidden.data() + (t * wanted.size() + j) * dim_,
+                      x_.data() + t * dim_, dim_ * sizeof(float));
+      }
     }
 
     // Final norm, hidden rows, classifier rows.
@@ -613,15 +613,6 @@ class cpu_llama {
     return n_runs;
   }
 
-  // Scores s[0, past + visible_end_[t]) by cache row compacted to the virtual sequence `runs`.
-  static void compact(float* s, detail::cpu::row_run const* runs, std::size_t n_runs) noexcept {
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < n_runs; ++r) {
-      if (runs[r].row != at) std::copy(s + runs[r].row, s + runs[r].row + runs[r].count, s + at);
-      at += runs[r].count;
-    }
-  }
-
   // Attention of batch token t for the query heads of kv head g (heads of 8 floats, keys and
   // values transposed): scores from the layer's transposed keys `kt`, then softmax and values in
   // one pass over its transposed values `vt` (and, for a sequence that leaves the cache order, its
@@ -660,7 +651,7 @@ class cpu_llama {
     for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
       float top = k::scores8(q_base_ + t * q_ld_ + h * 8, kt + g * lcap_ * 8, end, scale, scores);
       if (compacted) {
-        compact(scores, runs, n_runs);
+        k::compact_scores(scores, runs, n_runs);
         top = k::row_max(scores, length);
       }
       k::softmax_values8(scores, length, top, vt + g * lcap_ * 8, from, tail,
@@ -668,9 +659,8 @@ class cpu_llama {
     }
   }
 
-  // Attention of batch token t, heads [group * heads_per_task_, ...) (any head size): scores by
-  // cache row [0, past + visible_end_[t]) compacted to the virtual sequence, softmax over it, then
-  // the values summed over it in its order.
+  // Attention of batch token t, heads [group * heads_per_task_, ...) (any head size): over its
+  // virtual sequence (`detail::cpu::attend_heads`).
   void attend(std::size_t t, std::size_t group, std::size_t thread, forward_request const& req,
               std::size_t past, float const* kc, float const* vc) noexcept {
     namespace k = detail::cpu;
@@ -678,75 +668,11 @@ class cpu_llama {
     k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
     std::size_t length = 0;
     std::size_t const n_runs = sequence(t, req, past, runs, length);
-    bool const compacted = n_runs > 1 || runs[0].row != 0;
-
     std::size_t const h0 = group * heads_per_task_;
     std::size_t const h1 = std::min(n_heads_, h0 + heads_per_task_);
-    std::size_t const end = past + visible_end_[t];
-    std::size_t const per_kv = n_heads_ / n_kv_heads_;
-    float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
-    float top[k::max_value_accumulators];
-    for (std::size_t h = h0; h < h1; ++h) {
-      float* const s = scores + (h - h0) * lcap_;
-      k::attention_scores(q_base_ + t * q_ld_ + h * head_size_, kc + (h / per_kv) * head_size_,
-                          kv_dim_, end, head_size_, scale, s);
-      if (compacted) compact(s, runs, n_runs);
-      top[h - h0] = k::row_max(s, length);
-    }
-    float inv[k::max_value_accumulators];
-    k::softmax_rows(h1 - h0, scores, lcap_, length, top, inv);
-    for (std::size_t h = h0; h < h1; ++h) inv[h - h0] = 1.0f / inv[h - h0];
-
-    // Values: (head, chunk) accumulators in passes of at most max_value_accumulators.
-    float* const att = att_.data() + t * dim_;
-    std::size_t const chunk = k::value_chunk;
-    if (chunk == 0 || head_size_ % chunk != 0) {
-      for (std::size_t h = h0; h < h1; ++h)
-        k::attention_values_scalar(scores + (h - h0) * lcap_, vc + (h / per_kv) * head_size_,
-                                   kv_dim_, head_size_, runs, n_runs, inv[h - h0],
-                                   att + h * head_size_);
-      return;
-    }
-#if defined(__SSE2__)
-    std::size_t const chunks = head_size_ / chunk;
-    if (chunks == 1) {
-      // One chunk per head: accumulator a is head h0 + a, value offset (h0 + a) / per_kv.
-      std::size_t const count = h1 - h0;
-      std::size_t const shared = std::min(per_kv, count);
-      bool regular = true;
-      for (std::size_t a = 0; a < count; ++a)
-        regular = regular && (h0 + a) / per_kv - h0 / per_kv == a / shared;
-      if (regular && k::attention_values_regular(count, shared, false, scores, lcap_, inv,
-                                                 att + h0 * head_size_, vc, kv_dim_,
-                                                 (h0 / per_kv) * head_size_, runs, n_runs))
-        return;
-    } else if (chunks % k::max_value_accumulators == 0) {
-      // Whole passes within one head.
-      for (std::size_t h = h0; h < h1; ++h)
-        for (std::size_t c = 0; c < chunks; c += k::max_value_accumulators)
-          k::attention_values_regular(k::max_value_accumulators, 1, true, scores + (h - h0) * lcap_,
-                                      0, inv + (h - h0), att + h * head_size_ + c * chunk, vc,
-                                      kv_dim_, (h / per_kv) * head_size_ + c * chunk, runs, n_runs);
-      return;
-    }
-    std::size_t const pairs = (h1 - h0) * chunks;
-    for (std::size_t a0 = 0; a0 < pairs; a0 += k::max_value_accumulators) {
-      std::size_t const count = std::min(k::max_value_accumulators, pairs - a0);
-      float const* p[k::max_value_accumulators];
-      std::size_t off[k::max_value_accumulators];
-      float pinv[k::max_value_accumulators];
-      float* o[k::max_value_accumulators];
-      for (std::size_t a = 0; a < count; ++a) {
-        std::size_t const h = h0 + (a0 + a) / chunks;
-        std::size_t const c = (a0 + a) % chunks;
-        p[a] = scores + (h - h0) * lcap_;
-        off[a] = (h / per_kv) * head_size_ + c * chunk;
-        pinv[a] = inv[h - h0];
-        o[a] = att + h * head_size_ + c * chunk;
-      }
-      k::attention_values(count, p, off, pinv, o, vc, kv_dim_, runs, n_runs);
-    }
-#endif
+    k::attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, n_heads_ / n_kv_heads_, h0,
+                    h1, past + visible_end_[t], runs, n_runs, length, scores, lcap_,
+                    att_.data() + t * dim_);
   }
 
   std::shared_ptr<llama_weights const> weights_;

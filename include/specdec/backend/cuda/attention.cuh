@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! The attention kernel of `cuda_llama` (llama.cuh): one block per (token, query head) over the
-//! cache entries and the batch's own entries visible through the request's bit-packed mask
-//! (causal when there is none). Internal to backend/cuda.
+//! The attention kernel of `cuda_llama` (llama.cuh) and the EAGLE head (eagle.cuh): one block per
+//! (token, query head) over the cache entries and the batch's own entries visible through the
+//! request's bit-packed mask (causal when there is none). Internal to backend/cuda.
 //!
 //! The kernels are templates (common.cuh says why); the attention takes the element type of its
 //! output, the input of the output projection (dtype.cuh).
@@ -19,16 +19,19 @@ namespace specdec::cuda::detail {
 
 #if defined(__CUDACC__)
 
-//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over cache slots
-//! [0, cache_len) (all visible), cache_len = *cache_len_at, and the batch's own slots
-//! cache_len + j visible through the mask (bit j of row i; null mask = causal). The length is read
-//! on the device so that a captured graph replays at any cache size. Dynamic shared memory: at
-//! least head_size + cache_len + n + groups * head_size floats, groups = max(1, blockDim /
-//! head_size). Writes the heads' outputs as T.
+//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over slots
+//! [0, cache_len + n), cache_len = *cache_len_at: the slots below the prefix (<= cache_len) are all
+//! visible, slot prefix + j through the mask (bit j of row i; null mask = causal: slots up to
+//! cache_len + i). `cuda_llama` passes prefix_arg = -1, meaning prefix = cache_len (the batch's own
+//! slots masked); the EAGLE head a shorter prefix (its committed entries), masking the tree entries
+//! of earlier calls too. The length is read on the device so that a captured graph replays at any
+//! cache size. Dynamic shared memory: at least head_size + cache_len + n + groups * head_size
+//! floats, groups = max(1, blockDim / head_size). Writes the heads' outputs as T.
 template <class T = float>
 __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
                                  float const* __restrict__ keys, float const* __restrict__ values,
                                  std::int32_t const* __restrict__ cache_len_at, std::int32_t n,
+                                 std::int32_t prefix_arg,
                                  std::uint64_t const* __restrict__ mask, std::int32_t mask_stride,
                                  T* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
                                  std::int32_t head_size, std::int32_t heads_per_kv) {
@@ -37,6 +40,7 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
   std::int32_t const h = static_cast<std::int32_t>(blockIdx.x);
   std::int32_t const i = static_cast<std::int32_t>(blockIdx.y);
   std::int32_t const cache_len = *cache_len_at;
+  std::int32_t const prefix = prefix_arg < 0 ? cache_len : prefix_arg;
   std::int32_t const kvh = h / heads_per_kv;
   std::int32_t const total = cache_len + n;
   std::int32_t const tid = static_cast<std::int32_t>(threadIdx.x);
@@ -54,10 +58,10 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
   float local_max = -INFINITY;
   for (std::int32_t t = tid; t < total; t += nthreads) {
     bool visible = true;
-    if (t >= cache_len) {
-      std::int32_t const j = t - cache_len;
+    if (t >= prefix) {
+      std::int32_t const j = t - prefix;
       visible = mask == nullptr
-                    ? j <= i
+                    ? t <= cache_len + i
                     : ((mask[static_cast<std::int64_t>(i) * mask_stride + (j >> 6)] >> (j & 63)) &
                        1u) != 0;
     }

@@ -25,7 +25,7 @@ struct forward_shape {
   std::int32_t tokens = 0;                //!< batch tokens
   std::int32_t rows = 0;                  //!< logits rows
   std::int32_t mask_words = 0;            //!< words per mask row (0: causal)
-  std::int32_t hidden_layer = -1;         //!< residual stream copied out after this layer
+  std::vector<std::int32_t> hidden_layers;  //!< residual streams copied out (requested order)
   bool want_hidden = false;               //!< final hidden rows copied out
   std::vector<std::int32_t> skip_layers;  //!< layers skipped, ascending
 

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "specdec/backend/cuda/attention.cuh"
@@ -117,7 +118,7 @@ class cuda_llama {
       cache_ = std::make_unique<cuda_kv_cache>(config_.n_layers, config_.kv_dim(), max_context_,
                                                stream_);
       check_attention_limits();
-      reserve_batch(std::max<std::size_t>(options.max_batch, 1));
+      reserve_batch(std::max<std::size_t>(options.max_batch, 1), 1);
       reserve_inputs(4 * std::max<std::size_t>(options.max_batch, 1) + 2);
     } catch (...) {
       destroy();
@@ -180,7 +181,8 @@ class cuda_llama {
   [[nodiscard]] std::size_t graphs_captured() const noexcept { return graphs_.size(); }
 
   //! Scores `req` (see `forward_request`) and appends its KV entries; writes the logits (and
-  //! hidden rows on request) into `out` on the host. Waits for the device.
+  //! hidden rows and the requested layers' residual streams) into `out` on the host. Waits for
+  //! the device.
   void forward(forward_request const& req, forward_result& out) {
     std::size_t const rows = run(req);
     std::size_t const n = req.tokens.size();
@@ -191,7 +193,8 @@ class cuda_llama {
     // One copy per output into pinned memory, one wait, then host copies.
     std::size_t const logit_floats = rows * v;
     std::size_t const hidden_floats = req.want_hidden ? n * d : 0;
-    std::size_t const layer_floats = req.hidden_layer >= 0 ? n * d : 0;
+    std::size_t const layers = req.requested_layers().size();
+    std::size_t const layer_floats = n * layers * d;
     reserve_outputs(logit_floats + hidden_floats + layer_floats);
     float* host = host_outputs_;
     SPECDEC_CUDA_CHECK(cudaMemcpyAsync(host, logits_.data(), logit_floats * sizeof(float),
@@ -209,13 +212,14 @@ class cuda_llama {
     out.hidden.assign(host + logit_floats, host + logit_floats + hidden_floats);
     out.layer_hidden.assign(host + logit_floats + hidden_floats,
                             host + logit_floats + hidden_floats + layer_floats);
+    out.layer_count = layers;
   }
 
   //! Like `forward`, but leaves the logits on the device (valid until the next forward) and does
   //! not wait for the device. Hidden rows are not available this way (`want_hidden` and
-  //! `hidden_layer` must be unset).
+  //! `hidden_layer` / `hidden_layers` must be unset).
   void forward(forward_request const& req, cuda_forward_result& out) {
-    SPECDEC_CHECK(!req.want_hidden && req.hidden_layer < 0, invalid_argument,
+    SPECDEC_CHECK(!req.want_hidden && req.requested_layers().empty(), invalid_argument,
                   "cuda_llama::forward: a device result carries no hidden rows");
     std::size_t const rows = run(req);
     out.vocab = vocab_size();
@@ -266,8 +270,11 @@ class cuda_llama {
   }
 
   // Activation buffers for `n` tokens; reallocating them invalidates the captured graphs.
-  void reserve_batch(std::size_t n) {
-    if (n <= reserved_) return;
+  // `layers` residual streams per token.
+  void reserve_batch(std::size_t n, std::size_t layers) {
+    if (n <= reserved_ && layers <= reserved_layers_) return;
+    n = std::max(n, reserved_);
+    layers = std::max(layers, reserved_layers_);
     graphs_.clear();
     auto const d = static_cast<std::size_t>(config_.dim);
     auto const h = static_cast<std::size_t>(config_.hidden_dim);
@@ -280,9 +287,10 @@ class cuda_llama {
     gu_.resize(n * 2 * h);
     hb_.resize(n * h * sizeof(float));
     final_.resize(n * d);
-    layer_hidden_.resize(n * d);
+    layer_hidden_.resize(n * layers * d);
     logits_.resize(n * v);
     reserved_ = n;
+    reserved_layers_ = layers;
   }
 
   // Room for `count` staged 32-bit input words on the host (pinned) and the device;
@@ -351,11 +359,16 @@ class cuda_llama {
     SPECDEC_CHECK(req.hidden_layer < config_.n_layers, out_of_range,
                   "cuda_llama::forward: hidden_layer ", req.hidden_layer, " of a model with ",
                   config_.n_layers, " layers");
+    for (std::int32_t layer : req.hidden_layers)
+      SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
+                    "cuda_llama::forward: hidden layer ", layer, " of a model with ",
+                    config_.n_layers, " layers");
+    std::span<std::int32_t const> const wanted = req.requested_layers();
     std::size_t const rows = req.logits_rows.empty() ? n : req.logits_rows.size();
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
-    reserve_batch(std::max(n, rows));
+    reserve_batch(std::max(n, rows), std::max<std::size_t>(wanted.size(), 1));
     reserve_inputs(1 + 2 * n + rows + 1 + 2 * n * words);
 
     // The host staging may still feed the previous forward's copy.
@@ -369,9 +382,10 @@ class cuda_llama {
       cuda::forward_shape shape{.tokens = static_cast<std::int32_t>(n),
                                 .rows = static_cast<std::int32_t>(rows),
                                 .mask_words = static_cast<std::int32_t>(words),
-                                .hidden_layer = req.hidden_layer,
+                                .hidden_layers = {},
                                 .want_hidden = req.want_hidden,
                                 .skip_layers = {}};
+      shape.hidden_layers.assign(wanted.begin(), wanted.end());
       shape.skip_layers.assign(req.skip_layers.begin(), req.skip_layers.end());
       cudaGraphExec_t exec = graphs_.find(shape);
       if (exec == nullptr && graphs_.has_room())
@@ -581,16 +595,20 @@ class cuda_llama {
         <<<dim3(static_cast<unsigned>(config_.n_heads), static_cast<unsigned>(n)),
            attention_threads, attention_smem(in.attention_keys), stream_>>>(
             qkv_.data(), config_.dim + 2 * config_.kv_dim(), cache_->keys(layer),
-            cache_->values(layer), in.start, static_cast<std::int32_t>(n), in.mask,
+            cache_->values(layer), in.start, static_cast<std::int32_t>(n), -1, in.mask,
             static_cast<std::int32_t>(in.mask_stride), out, config_.dim, config_.kv_dim(),
             config_.head_size(), config_.n_heads / config_.n_kv_heads);
   }
 
+  // The requested layers' residual streams, side by side per token.
   void copy_layer_hidden(forward_request const& req, std::int32_t layer, std::size_t n) {
-    if (layer == req.hidden_layer)
-      SPECDEC_CUDA_CHECK(cudaMemcpyAsync(layer_hidden_.data(), x_.data(),
-                                         n * static_cast<std::size_t>(config_.dim) * sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream_));
+    std::span<std::int32_t const> const wanted = req.requested_layers();
+    auto const d = static_cast<std::size_t>(config_.dim);
+    for (std::size_t j = 0; j < wanted.size(); ++j)
+      if (wanted[j] == layer)
+        SPECDEC_CUDA_CHECK(cudaMemcpy2DAsync(
+            layer_hidden_.data() + j * d, wanted.size() * d * sizeof(float), x_.data(),
+            d * sizeof(float), d * sizeof(float), n, cudaMemcpyDeviceToDevice, stream_));
   }
 
   void destroy() noexcept {
@@ -625,6 +643,7 @@ class cuda_llama {
   std::unique_ptr<cuda_kv_cache> cache_;
   cuda::graph_cache graphs_;
   std::size_t reserved_ = 0;
+  std::size_t reserved_layers_ = 0;
   cuda::device_buffer<float> x_, qkv_, gu_, final_, layer_hidden_, logits_;
   // Inputs of the products (float32, or the weights' dtype on the reference path).
   cuda::device_buffer<std::byte> xb_, att_, hb_;
