@@ -95,6 +95,32 @@ concept proposer = requires(P& p, propose_context const& ctx, draft_tree& out,
   p.accept(r);
 };
 
+//! A proposer that drafts for many requests at once (`batch_decoder`), holding the state of each
+//! request under its slot: a batched draft model serving the whole batch with one forward per
+//! draft position, or independent per-request proposers (`per_request_proposer`).
+//!
+//! Requirements:
+//! - `p.begin(slot, prompt)` starts a request in `slot` (a slot not in use by another request).
+//!   Why: as `proposer::begin`, per request.
+//! - `p.propose(items)` drafts for every item: item i's tree gets root
+//!   `items[i].ctx.tokens.back()` and at most `items[i].ctx.max_nodes` nodes, as
+//!   `proposer::propose` would for that request alone. A failure that concerns one request only
+//!   is stored in its `error`; an exception fails every request of the call.
+//!   Why: one call per step lets a model-based proposer batch its forwards across requests.
+//! - `p.accept(slot, result)`: as `proposer::accept`, for the request in `slot`.
+//! - `p.end(slot)`: the request left (finished, cancelled or failed); its state may go.
+//!   Why: slots are reused by later requests.
+//! Capabilities are declared as for `proposer` (`proposer_traits`): `produces_trees`,
+//! `samples_drafts`.
+template <class P>
+concept batch_proposer = requires(P& p, std::size_t slot, std::span<token_id const> prompt,
+                                  std::span<batch_propose_item> items, verify_result const& r) {
+  p.begin(slot, prompt);
+  p.propose(items);
+  p.accept(slot, r);
+  p.end(slot);
+};
+
 //! A proposer that adds auxiliary tokens to the target forward of each step and learns from the
 //! target's rows: lookahead decoding's Jacobi window scored beside its verification tree, Jacobi
 //! decoding refining its guesses from the target's own predictions, or any strategy that wants
