@@ -176,7 +176,7 @@ TEST_CASE("batch_decoder: the adaptive policy keeps greedy outputs identical") {
   std::vector<std::uint64_t> ids;
   for (job const& j : jobs) ids.push_back(decoder.submit(j.prompt, j.policy, j.config));
   decoder.run();
-  CHECK_FALSE(decoder.speculation().costs().empty());  // calibrated before the first step
+  CHECK(decoder.speculation().costs().calibrated());  // before the first step
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     auto const got = decoder.take(ids[i]);
     REQUIRE(got.has_value());
@@ -395,4 +395,18 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   CHECK(k == std::vector<std::size_t>{3, 3, 1, 3});
   test_support::expect_error([] { sd::adaptive_speculation bad({.cost_weight = 0.0}); },
                              sd::errc::invalid_argument);
+
+  // A calibrated curve keeps its shape: observations move its scale.
+  sd::cpu_batched_llama model = batched_model(4);
+  sd::forward_cost_model c;
+  std::size_t const rows[] = {1, 4, 16};
+  c.calibrate(model, rows, 8, 1);
+  CHECK(c.calibrated());
+  CHECK(c.size() == 3);
+  CHECK(model.free_slots() == 4);  // the calibration's slots came back
+  double const at4 = c.predict(4), at16 = c.predict(16);
+  CHECK(at4 > 0.0);
+  c.observe(4, 2.0 * at4, 1.0);
+  CHECK(c.scale() == doctest::Approx(2.0));
+  CHECK(c.predict(16) == doctest::Approx(2.0 * at16));
 }

@@ -103,28 +103,133 @@ class fixed_speculation {
   std::size_t k_ = std::numeric_limits<std::size_t>::max();
 };
 
-//! The target forward's time as a function of its rows: measured points (rows, seconds),
-//! interpolated linearly between them, flat below the first (a forward of fewer rows costs no
-//! less than a forward of one: the weights are read either way) and extended beyond the last
-//! along the slope of the last two (or in proportion to the rows with one point). Each point is
-//! a moving average of what was observed at its row count.
+//! The target forward's time as a function of its rows. Two ways to learn it:
+//! - calibrated (`calibrate`): measured points (rows, seconds) give the curve's shape, and every
+//!   later observation only moves a common scale (a moving average of observed / predicted), so
+//!   that a machine that gets slower or faster as a whole (other processes, frequency) keeps the
+//!   curve's shape, which is what the choice of draft lengths rests on;
+//! - otherwise each observation is a point of the curve (a moving average per row count).
+//! Between points the curve is linear; below the first it is flat (a forward of fewer rows costs
+//! no less: the weights are read either way); beyond the last it follows the slope of the last
+//! two (in proportion to the rows with a single point).
 class forward_cost_model {
  public:
-  //! Adds a measurement: the average at `rows` moves toward `seconds` by `weight` (a new row
-  //! count takes it as is). Non-positive or non-finite times are ignored.
+  //! Adds a measurement of a forward over `rows` rows that took `seconds` (see the class comment;
+  //! `weight` is the moving averages' step, in [0, 1]). Non-positive or non-finite times are
+  //! ignored.
   void observe(std::size_t rows, double seconds, double weight = 0.2) {
     if (rows == 0 || !(seconds > 0.0) || !std::isfinite(seconds)) return;
+    weight = std::clamp(weight, 0.0, 1.0);
+    if (calibrated_) {
+      double const curve = shape(rows);
+      if (curve > 0.0) scale_ += weight * (seconds / curve - scale_);
+      return;
+    }
     auto const it = std::lower_bound(points_.begin(), points_.end(), rows,
                                      [](point const& p, std::size_t r) { return p.rows < r; });
     if (it != points_.end() && it->rows == rows) {
-      it->seconds += std::clamp(weight, 0.0, 1.0) * (seconds - it->seconds);
+      it->seconds += weight * (seconds - it->seconds);
       return;
     }
     points_.insert(it, point{rows, seconds});
   }
 
   //! The predicted time of a forward over `rows` rows (0 without any measurement).
-  [[nodiscard]] double predict(std::size_t rows) const noexcept {
+  [[nodiscard]] double predict(std::size_t rows) const noexcept { return scale_ * shape(rows); }
+
+  //! Whether no forward has been measured.
+  [[nodiscard]] bool empty() const noexcept { return points_.empty(); }
+  //! Whether the curve comes from `calibrate` (observations then move its scale only).
+  [[nodiscard]] bool calibrated() const noexcept { return calibrated_; }
+  //! The scale observations put on a calibrated curve (1 after `calibrate`).
+  [[nodiscard]] double scale() const noexcept { return scale_; }
+  //! Measured row counts.
+  [[nodiscard]] std::size_t size() const noexcept { return points_.size(); }
+
+  //! Measures `model`'s forward over each row count of `rows`, as a decode step of many requests
+  //! has them: in up to `max_segments` slots it acquires (and releases) -- the free ones -- each
+  //! holding `context` tokens, a forward of r rows is r causal tokens spread over min(r, slots)
+  //! segments, cut back after it. The row counts are measured in turn, `rounds` times after one
+  //! warm-up round, and each point is the median of its rounds (so that a machine whose speed
+  //! drifts during the calibration keeps the curve's shape). Replaces what was learnt. Throws what
+  //! the model throws (no free slot: `errc::context_overflow`).
+  template <batched_lm Model>
+  void calibrate(Model& model, std::span<std::size_t const> rows, std::size_t context = 64,
+                 std::size_t rounds = 3, std::size_t max_segments = 32) {
+    std::size_t most = 1;
+    for (std::size_t r : rows) most = std::max(most, r);
+    std::size_t const count = std::clamp<std::size_t>(std::min(model.free_slots(), max_segments), 1,
+                                                      std::max<std::size_t>(1, most));
+    std::vector<std::size_t> slots;
+    struct release_on_exit {
+      Model& m;
+      std::vector<std::size_t>& s;
+      ~release_on_exit() {
+        for (std::size_t slot : s) m.release_slot(slot);
+      }
+    } release{model, slots};
+    for (std::size_t i = 0; i < count; ++i) slots.push_back(model.acquire_slot());
+    std::size_t const capacity =
+        std::min<std::size_t>(model.max_context(), model.cache(slots[0]).capacity());
+    std::size_t const per_segment = (most + count - 1) / count;
+    context = std::min(context, capacity > per_segment ? capacity - per_segment : 0);
+    std::vector<token_id> tokens(context + per_segment);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<token_id>((i * 7919 + 13) % model.vocab_size());
+    std::vector<position_t> positions(tokens.size());
+    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<position_t>(i);
+    std::span<token_id const> const all_tokens(tokens);
+    std::span<position_t const> const all_positions(positions);
+    batch_forward_result out;
+    std::vector<batch_segment> segments;
+    std::int32_t const last = 0;
+    if (context > 0) {
+      for (std::size_t s : slots)
+        segments.push_back({.slot = s,
+                            .tokens = all_tokens.first(context),
+                            .positions = all_positions.first(context),
+                            .logits_rows = std::span<std::int32_t const>(&last, 1)});
+      model.forward({.segments = segments}, out);
+    }
+    std::vector<std::vector<double>> times(rows.size());
+    for (std::size_t round = 0; round <= rounds; ++round) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        std::size_t const r = rows[i];
+        if (r == 0) continue;
+        std::size_t const n = std::min(r, count);
+        segments.clear();
+        for (std::size_t s = 0; s < n; ++s) {
+          std::size_t const len = r / n + (s < r % n ? 1 : 0);
+          segments.push_back({.slot = slots[s],
+                              .tokens = all_tokens.subspan(context, len),
+                              .positions = all_positions.subspan(context, len)});
+        }
+        auto const t0 = std::chrono::steady_clock::now();
+        model.forward({.segments = segments}, out);
+        double const seconds = detail::seconds_since(t0);
+        for (std::size_t s = 0; s < n; ++s) model.cache(slots[s]).truncate(context);
+        if (round > 0) times[i].push_back(seconds);  // the first round warms the buffers
+      }
+    }
+    points_.clear();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (times[i].empty()) continue;
+      std::sort(times[i].begin(), times[i].end());
+      calibrated_ = false;
+      observe(rows[i], times[i][times[i].size() / 2], 1.0);
+    }
+    calibrated_ = !points_.empty();
+    scale_ = 1.0;
+  }
+
+ private:
+  struct point {
+    std::size_t rows;
+    double seconds;
+  };
+
+  //! The curve of the points, unscaled.
+  [[nodiscard]] double shape(std::size_t rows) const noexcept {
     if (points_.empty()) return 0.0;
     if (rows <= points_.front().rows) return points_.front().seconds;
     auto const r = static_cast<double>(rows);
@@ -143,69 +248,9 @@ class forward_cost_model {
     return lo->seconds + f * (hi->seconds - lo->seconds);
   }
 
-  //! Whether no forward has been measured.
-  [[nodiscard]] bool empty() const noexcept { return points_.empty(); }
-  //! Measured row counts.
-  [[nodiscard]] std::size_t size() const noexcept { return points_.size(); }
-
-  //! Measures `model`'s forward over each row count of `rows` (ascending not required): in a
-  //! slot it acquires and releases, after a causal prefill of `context` tokens, the median of
-  //! `repeats` forwards of a causal chain of that many tokens (cut back after each), following
-  //! one unmeasured forward. Throws what the model throws (no free slot: `errc::context_overflow`).
-  template <batched_lm Model>
-  void calibrate(Model& model, std::span<std::size_t const> rows, std::size_t context = 128,
-                 std::size_t repeats = 3) {
-    std::size_t most = 0;
-    for (std::size_t r : rows) most = std::max(most, r);
-    std::size_t const slot = model.acquire_slot();
-    struct release_on_exit {
-      Model& m;
-      std::size_t s;
-      ~release_on_exit() { m.release_slot(s); }
-    } release{model, slot};
-    std::size_t const capacity =
-        std::min<std::size_t>(model.max_context(), model.cache(slot).capacity());
-    context = std::min(context, capacity > most ? capacity - most : 0);
-    std::vector<token_id> tokens(std::max<std::size_t>(context + most, 1));
-    for (std::size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = static_cast<token_id>((i * 7919 + 13) % model.vocab_size());
-    std::vector<position_t> positions(tokens.size());
-    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<position_t>(i);
-    batch_forward_result out;
-    std::int32_t const last = 0;
-    if (context > 0) {
-      batch_segment const seg{.slot = slot,
-                              .tokens = std::span<token_id const>(tokens).first(context),
-                              .positions = std::span<position_t const>(positions).first(context),
-                              .logits_rows = std::span<std::int32_t const>(&last, 1)};
-      model.forward({.segments = std::span<batch_segment const>(&seg, 1)}, out);
-    }
-    std::vector<double> times;
-    for (std::size_t r : rows) {
-      if (r == 0 || context + r > capacity) continue;
-      batch_segment const seg{
-          .slot = slot,
-          .tokens = std::span<token_id const>(tokens).subspan(context, r),
-          .positions = std::span<position_t const>(positions).subspan(context, r)};
-      times.clear();
-      for (std::size_t i = 0; i <= repeats; ++i) {
-        auto const c0 = std::chrono::steady_clock::now();
-        model.forward({.segments = std::span<batch_segment const>(&seg, 1)}, out);
-        double const s = detail::seconds_since(c0);
-        model.cache(slot).truncate(context);
-        if (i > 0) times.push_back(s);  // the first forward warms the buffers
-      }
-      std::sort(times.begin(), times.end());
-      observe(r, times[times.size() / 2], 1.0);
-    }
-  }
-
- private:
-  struct point {
-    std::size_t rows;
-    double seconds;
-  };
   std::vector<point> points_;  // ascending rows
+  bool calibrated_ = false;
+  double scale_ = 1.0;
 };
 
 //! Options of `adaptive_speculation`.
@@ -219,9 +264,9 @@ struct adaptive_speculation_options {
   std::size_t probe_interval = 16;
   //! Row counts `prepare` measures when the cost model is empty (see
   //! `forward_cost_model::calibrate`), and the context it measures them at.
-  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  5,  6,  8,  10,  12,  16,  20,
-                                               24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256};
-  std::size_t calibration_context = 128;
+  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  6,  8,   12,  16,
+                                               24, 32, 48, 64, 96, 128, 192, 256};
+  std::size_t calibration_context = 64;
 
   //! Throws `errc::invalid_argument` naming the field out of its domain.
   void validate() const {

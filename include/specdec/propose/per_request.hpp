@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,20 +42,29 @@ class per_request_proposer {
   static constexpr bool produces_trees = produces_trees_v<Proposer>;  //!< as Proposer
   static constexpr bool samples_drafts = samples_drafts_v<Proposer>;  //!< as Proposer
 
-  //! Makes a proposer for each request.
-  using factory = std::function<Proposer()>;
+  //! Makes the proposer of a request from its prompt.
+  using factory = std::function<Proposer(std::span<token_id const> prompt)>;
 
-  //! Proposers made by `make`, which is called once here for the node budget (`max_nodes()`)
-  //! and once per request. Throws `errc::invalid_argument` for an empty factory.
-  explicit per_request_proposer(factory make) : make_(std::move(make)) {
-    SPECDEC_CHECK(static_cast<bool>(make_), invalid_argument, "per_request_proposer: no factory");
-    if constexpr (has_max_nodes) max_nodes_ = make_().max_nodes();
+  //! Proposers made by `make` -- called as make(prompt), or make() when it takes no argument --
+  //! once per request, and once here with an empty prompt for the node budget (`max_nodes()`).
+  //! Throws `errc::invalid_argument` for an empty factory.
+  template <class Make>
+  requires std::is_invocable_r_v<Proposer, Make&, std::span<token_id const>> ||
+      std::is_invocable_r_v<Proposer, Make&>
+  explicit per_request_proposer(Make make) {
+    if constexpr (std::is_same_v<Make, factory> || std::is_same_v<Make, std::function<Proposer()>>)
+      SPECDEC_CHECK(static_cast<bool>(make), invalid_argument, "per_request_proposer: no factory");
+    if constexpr (std::is_invocable_r_v<Proposer, Make&, std::span<token_id const>>)
+      make_ = std::move(make);
+    else
+      make_ = [m = std::move(make)](std::span<token_id const>) mutable { return m(); };
+    if constexpr (has_max_nodes) max_nodes_ = make_({}).max_nodes();
   }
 
   //! Starts the request in `slot` with a new proposer.
   void begin(std::size_t slot, std::span<token_id const> prompt) {
     if (slot >= proposers_.size()) proposers_.resize(slot + 1);
-    proposers_[slot].emplace(make_());
+    proposers_[slot].emplace(make_(prompt));
     proposers_[slot]->begin(prompt);
   }
 
