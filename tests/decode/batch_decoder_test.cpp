@@ -18,10 +18,12 @@
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
+#include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "support/errors.hpp"
 #include "support/fixture.hpp"
@@ -409,4 +411,76 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   c.observe(4, 2.0 * at4, 1.0);
   CHECK(c.scale() == doctest::Approx(2.0));
   CHECK(c.predict(16) == doctest::Approx(2.0 * at16));
+}
+
+TEST_CASE("batch_decoder: a batched draft model drafts for every request as it would alone") {
+  // The trained draft of the fixture serves the whole batch from its own slots; greedy
+  // candidates and sampled chains (speculative sampling) equal draft_model_proposer alone.
+  auto const prompts = fixture::encoded_prompts();
+  sd::draft_model_config const chain{.k = 4};
+  auto const run_mode = [&]<sd::draft_mode M, class Verifier>(float temperature) {
+    CAPTURE(temperature);
+    sd::cpu_batched_llama target = batched_model(3);
+    sd::cpu_batched_llama draft(fixture::trained_draft(),
+                                {.model = {.threads = 1}, .max_slots = 3});
+    using proposer_type = sd::batched_draft_model_proposer<sd::cpu_batched_llama, sd::sampler, M>;
+    proposer_type proposer(draft, target.vocab_size(), policy_of(temperature), chain);
+    static_assert(sd::batch_proposer<proposer_type>);
+    sd::batch_decoder<sd::cpu_batched_llama, proposer_type, Verifier, sd::sampler> decoder(
+        target, proposer);
+    std::vector<std::uint64_t> ids;
+    std::vector<sd::decode_config> configs;
+    for (std::size_t i = 0; i < 5; ++i) {
+      sd::decode_config c;
+      c.max_new_tokens = 24 + 4 * i;
+      c.seed = 40 + i;
+      configs.push_back(c);
+      ids.push_back(decoder.submit(prompts[i], policy_of(temperature), c));
+    }
+    decoder.run();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      CAPTURE(i);
+      auto const got = decoder.take(ids[i]);
+      REQUIRE(got.has_value());
+      CHECK_FALSE(got->failed());
+      sd::cpu_llama alone_target(fixture::stories260k(), {.threads = 1});
+      sd::cpu_llama alone_draft(fixture::trained_draft(), {.threads = 1});
+      sd::draft_model_proposer<sd::cpu_llama, sd::sampler, M> p(alone_draft, alone_target,
+                                                                policy_of(temperature), chain);
+      sd::speculative_decoder d(alone_target, p, Verifier{}, policy_of(temperature), configs[i]);
+      sd::decode_result const want = d.generate(prompts[i]);
+      CHECK(got->result.tokens == want.tokens);
+      CHECK(got->result.stats.accepted == want.stats.accepted);
+    }
+    CHECK(draft.free_slots() == 3);  // every draft slot came back
+    CHECK(decoder.stats().accepted > 0);
+  };
+  run_mode.template operator()<sd::draft_mode::greedy, sd::greedy_verifier>(0.0f);
+  run_mode.template operator()<sd::draft_mode::sample, sd::speculative_sampling_verifier>(1.0f);
+
+  // A draft model with fewer slots than the batch: the requests it cannot take fail alone.
+  sd::cpu_batched_llama target = batched_model(3);
+  sd::cpu_batched_llama small(fixture::trained_draft(), {.model = {.threads = 1}, .max_slots = 1});
+  sd::batched_draft_model_proposer<sd::cpu_batched_llama, sd::sampler> proposer(
+      small, target.vocab_size(), policy_of(0.0f), chain);
+  sd::batch_decoder<sd::cpu_batched_llama, decltype(proposer), sd::greedy_verifier, sd::sampler>
+      decoder(target, proposer);
+  sd::decode_config c;
+  c.max_new_tokens = 16;
+  auto const a = decoder.submit(prompts[0], policy_of(0.0f), c);
+  auto const b = decoder.submit(prompts[1], policy_of(0.0f), c);
+  decoder.run();
+  auto const ra = decoder.take(a);
+  auto const rb = decoder.take(b);
+  REQUIRE(ra.has_value());
+  REQUIRE(rb.has_value());
+  CHECK_FALSE(ra->failed());
+  CHECK(rb->failed());
+  CHECK(rb->error.find("all 1 sequence slots are in use") != std::string::npos);
+  test_support::expect_error(
+      [&] {
+        sd::batched_draft_model_proposer<sd::cpu_batched_llama, sd::sampler> bad(
+            small, target.vocab_size(), policy_of(0.0f), {.k = 4, .adaptive = true});
+      },
+      sd::errc::invalid_argument);
 }
