@@ -139,6 +139,35 @@ TEST_CASE("generate --prompts: adaptive speculation and REST keep greedy outputs
   }
 }
 
+TEST_CASE("generate --prompts: one draft model serves the batch, greedy and sampled") {
+  std::string const file = prompts_file(4);
+  std::vector<std::string> const prompts = prompts_of(file);
+  std::string const draft = test_support::source_file("tools/draft/stories_draft.bin").string();
+  for (std::string const temp : {"0", "1"}) {
+    CAPTURE(temp);
+    std::vector<std::string> sampling;
+    if (temp != "0") sampling = {"--temp", temp, "--seed", "3"};
+    std::vector<std::string> args = {"--prompts", file,      "--batch", "3",  "-n",
+                                     "36",        "--draft", draft,     "-k", "3"};
+    args.insert(args.end(), sampling.begin(), sampling.end());
+    batch_output const b = batch_json(args);
+    REQUIRE(b.requests.size() == 4);
+    CHECK(str(b.total.at("verifier")) == (temp == "0" ? "greedy" : "speculative sampling"));
+    CHECK(num(b.total.at("accepted")) > 0);
+    for (std::int64_t line = 1; line <= 4; ++line) {
+      CAPTURE(line);
+      std::vector<std::string> one = {"--prompt", prompts[static_cast<std::size_t>(line - 1)],
+                                      "-n",       "36",
+                                      "--draft",  draft,
+                                      "-k",       "3"};
+      if (temp != "0") one.insert(one.end(), {"--temp", temp, "--seed", std::to_string(3 + line)});
+      CHECK(tokens_of(b.requests.at(line)) == tokens_of(gen_json(one)));
+    }
+  }
+  check_error({"--prompts", file, "--draft", draft, "--adaptive"}, 2,
+              "--adaptive does not apply to --prompts");
+}
+
 TEST_CASE("generate --prompts: text mode streams each request after its line number") {
   std::string const file = prompts_file(3);
   std::vector<std::string> const prompts = prompts_of(file);

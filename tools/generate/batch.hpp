@@ -29,7 +29,9 @@
 #include "specdec/backend/cpu/batched_llama.hpp"
 #include "specdec/decode/batch_decoder.hpp"
 #include "specdec/decode/speculation.hpp"
+#include "specdec/model/load.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
@@ -360,6 +362,45 @@ inline int run_batch(batch_session const& s) {
                                        std::to_string(datastore->size()) +
                                        "-entry datastore, depth " + std::to_string(c.depth) + ", " +
                                        std::to_string(c.max_nodes) + " nodes");
+  }
+  if (s.chosen.name == "draft") {
+    // One draft model serves every request from its own slots (one draft forward per draft
+    // position for the whole batch).
+    auto const draft_weights =
+        std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::draft_model)));
+    sd::cpu_llama_options options = s.model_options;
+    if (v.given(opt::draft_threads)) {
+      options.threads = static_cast<std::size_t>(v.count(opt::draft_threads));
+      options.pool = nullptr;
+    }
+    if (v.given(opt::draft_context))
+      options.max_context = static_cast<std::size_t>(v.count(opt::draft_context));
+    std::size_t const batch =
+        std::min<std::size_t>(static_cast<std::size_t>(v.count(opt::batch)), prompts.size());
+    sd::cpu_batched_llama draft(draft_weights, {.model = options, .max_slots = batch});
+    sd::draft_model_config const chain = chain_config(v);
+    std::size_t const vocab = static_cast<std::size_t>(s.weights->config.vocab_size);
+    std::string const description = "draft model serving the batch, " + chain_description(chain);
+    auto const with_mode = [&]<sd::draft_mode M>() {
+      sd::batched_draft_model_proposer<sd::cpu_batched_llama, sd::sampler, M> proposer(
+          draft, vocab, sd::sampler(s.params), chain);
+      if (s.typical) {
+        if (adaptive)
+          return serve(s, prompts, encoded, refused, proposer,
+                       sd::typical_acceptance_verifier(*s.typical), sd::adaptive_speculation{},
+                       description, "typical acceptance (lossy)");
+        return serve(s, prompts, encoded, refused, proposer,
+                     sd::typical_acceptance_verifier(*s.typical), sd::fixed_speculation{},
+                     description, "typical acceptance (lossy)");
+      }
+      if (adaptive)
+        return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
+                     sd::adaptive_speculation{}, description, chain_verifier_name<M>);
+      return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
+                   sd::fixed_speculation{}, description, chain_verifier_name<M>);
+    };
+    if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
+    return with_mode.template operator()<sd::draft_mode::sample>();
   }
   throw usage_error("--strategy " + std::string(s.chosen.name) + " cannot serve --prompts");
 }

@@ -277,7 +277,8 @@ inline constexpr option_spec speculate{
 
 //! The strategies that can serve --prompts (batched serving): those whose proposers work per
 //! request or batched, without auxiliary tokens or target hidden states.
-inline constexpr std::string_view batch_strategies[] = {"autoregressive", "prompt-lookup", "rest"};
+inline constexpr std::string_view batch_strategies[] = {"autoregressive", "draft", "prompt-lookup",
+                                                        "rest"};
 
 //! A titled group of general options, as --help shows them.
 struct option_group {
@@ -462,6 +463,10 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
          {&opt::compare, &opt::repeat, &opt::stream_json, &opt::logprobs, &opt::report})
       if (given(*o))
         throw usage_error(std::string(o->flag) + " does not apply to --prompts (batched serving)");
+    if (given(opt::adaptive))
+      throw usage_error(
+          "--adaptive does not apply to --prompts: --speculate adaptive chooses each request's "
+          "draft length per step");
     if (std::find(std::begin(batch_strategies), std::end(batch_strategies), chosen.name) ==
         std::end(batch_strategies)) {
       std::string names;
