@@ -84,7 +84,7 @@ struct batch_decoder_config {
   //! tokens over the tested ones (accepted, plus the first rejected), both counts decayed by this
   //! factor per step, in [0, 1); with `acceptance_prior` counted as `acceptance_prior_weight`
   //! tested tokens.
-  double acceptance_decay = 0.8;
+  double acceptance_decay = 0.9;
   double acceptance_prior = 0.5;         //!< in [0, 1]
   double acceptance_prior_weight = 2.0;  //!< >= 0
 

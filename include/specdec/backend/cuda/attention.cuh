@@ -17,21 +17,19 @@ namespace specdec::cuda::detail {
 
 #if defined(__CUDACC__)
 
-//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over cache slots
-//! [0, cache_len) (all visible) and the batch's own slots cache_len + j visible through the mask
-//! (bit j of row i; null mask = causal). Dynamic shared memory: head_size + cache_len + n +
-//! groups * head_size floats, groups = max(1, blockDim / head_size).
-template <int Unused = 0>
-__global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
-                                 float const* __restrict__ keys, float const* __restrict__ values,
-                                 std::int32_t cache_len, std::int32_t n,
-                                 std::uint64_t const* __restrict__ mask, std::int32_t mask_stride,
-                                 float* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
-                                 std::int32_t head_size, std::int32_t heads_per_kv) {
+//! The attention of one block: token i of a sequence's batch of n tokens, query head h
+//! (blockIdx.x), over that sequence's cache slots [0, cache_len) (all visible) and its batch's own
+//! slots cache_len + j visible through the mask (bit j of row i; null mask = causal). `qrow` is the
+//! token's query row, `orow` its attention output row (both at head 0). Dynamic shared memory:
+//! head_size + cache_len + n + groups * head_size floats, groups = max(1, blockDim / head_size).
+__device__ __forceinline__ void attend_block(
+    float const* __restrict__ qrow, float const* __restrict__ keys,
+    float const* __restrict__ values, std::int32_t cache_len, std::int32_t n, std::int32_t i,
+    std::uint64_t const* __restrict__ mask, std::int32_t mask_stride, float* __restrict__ orow,
+    std::int32_t kv_dim, std::int32_t head_size, std::int32_t heads_per_kv) {
   extern __shared__ float smem[];
   __shared__ float scratch[32];
   std::int32_t const h = static_cast<std::int32_t>(blockIdx.x);
-  std::int32_t const i = static_cast<std::int32_t>(blockIdx.y);
   std::int32_t const kvh = h / heads_per_kv;
   std::int32_t const total = cache_len + n;
   std::int32_t const tid = static_cast<std::int32_t>(threadIdx.x);
@@ -41,7 +39,7 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
   std::int32_t const groups = nthreads >= head_size ? nthreads / head_size : 1;
   float* partial = scores + total;
 
-  float const* qrow = qkv + static_cast<std::int64_t>(i) * qkv_stride + h * head_size;
+  qrow += h * head_size;
   for (std::int32_t d = tid; d < head_size; d += nthreads) q[d] = qrow[d];
   __syncthreads();
 
@@ -76,7 +74,7 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
   float const sum = block_sum(local_sum, scratch);  // ends with a barrier: scores are visible
   float const inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
-  float* o = out + static_cast<std::int64_t>(i) * dim + h * head_size;
+  float* o = orow + h * head_size;
   if (nthreads >= head_size) {
     std::int32_t const g = tid / head_size, d = tid % head_size;
     if (g < groups) {
@@ -99,6 +97,78 @@ __global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv
       o[d] = acc * inv;
     }
   }
+}
+
+//! Attention of batch token i (blockIdx.y), query head h (blockIdx.x) over cache slots
+//! [0, cache_len) (all visible) and the batch's own slots cache_len + j visible through the mask
+//! (bit j of row i; null mask = causal). Dynamic shared memory: head_size + cache_len + n +
+//! groups * head_size floats, groups = max(1, blockDim / head_size).
+template <int Unused = 0>
+__global__ void attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
+                                 float const* __restrict__ keys, float const* __restrict__ values,
+                                 std::int32_t cache_len, std::int32_t n,
+                                 std::uint64_t const* __restrict__ mask, std::int32_t mask_stride,
+                                 float* __restrict__ out, std::int32_t dim, std::int32_t kv_dim,
+                                 std::int32_t head_size, std::int32_t heads_per_kv) {
+  std::int32_t const i = static_cast<std::int32_t>(blockIdx.y);
+  attend_block(qkv + static_cast<std::int64_t>(i) * qkv_stride, keys, values, cache_len, n, i, mask,
+               mask_stride, out + static_cast<std::int64_t>(i) * dim, kv_dim, head_size,
+               heads_per_kv);
+}
+
+//! The segments of a multi-sequence forward, as the segment kernels read them (device arrays).
+struct segment_table {
+  std::int32_t const* row_segment;  //!< [rows] the segment of each batch row
+  std::int32_t const* first;        //!< [segments] the segment's first batch row
+  std::int32_t const* count;        //!< [segments] its rows
+  std::int32_t const* cache_len;    //!< [segments] entries its cache held before the forward
+  std::int32_t const* mask_offset;  //!< [segments] its mask's first word in `masks`, -1: causal
+  std::int32_t const* mask_stride;  //!< [segments] words per row of its mask
+  std::uint64_t const* masks;       //!< every segment's mask, one after the other
+  float* const* planes;  //!< [layers, segments, 2] the K and V plane of each segment's cache
+  std::int32_t segments;
+};
+
+//! Writes batch row r's (blockIdx.x) key and value (from its q|k|v row) into its own segment's
+//! cache at entry cache_len + (r - first), for layer `layer`.
+template <int Unused = 0>
+__global__ void segment_kv_append_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
+                                         std::int32_t dim, std::int32_t kv_dim, segment_table table,
+                                         std::int32_t layer) {
+  std::int32_t const r = static_cast<std::int32_t>(blockIdx.x);
+  std::int32_t const s = table.row_segment[r];
+  std::int64_t const entry = table.cache_len[s] + (r - table.first[s]);
+  float* const* const p =
+      table.planes + (static_cast<std::int64_t>(layer) * table.segments + s) * 2;
+  float const* row = qkv + static_cast<std::int64_t>(r) * qkv_stride;
+  float* k = p[0] + entry * kv_dim;
+  float* v = p[1] + entry * kv_dim;
+  for (std::int32_t j = static_cast<std::int32_t>(threadIdx.x); j < kv_dim;
+       j += static_cast<std::int32_t>(blockDim.x)) {
+    k[j] = row[dim + j];
+    v[j] = row[dim + kv_dim + j];
+  }
+}
+
+//! Attention of batch row r (blockIdx.y), query head h (blockIdx.x), within its own segment:
+//! over that segment's cache (layer `layer`) and the segment's rows its mask lets it see, as
+//! `attention_kernel` computes it for that segment alone. Dynamic shared memory: as
+//! `attention_kernel` for the longest segment (cache_len + count).
+template <int Unused = 0>
+__global__ void segment_attention_kernel(float const* __restrict__ qkv, std::int32_t qkv_stride,
+                                         segment_table table, std::int32_t layer,
+                                         float* __restrict__ out, std::int32_t dim,
+                                         std::int32_t kv_dim, std::int32_t head_size,
+                                         std::int32_t heads_per_kv) {
+  std::int32_t const r = static_cast<std::int32_t>(blockIdx.y);
+  std::int32_t const s = table.row_segment[r];
+  float* const* const p =
+      table.planes + (static_cast<std::int64_t>(layer) * table.segments + s) * 2;
+  std::int32_t const offset = table.mask_offset[s];
+  attend_block(qkv + static_cast<std::int64_t>(r) * qkv_stride, p[0], p[1], table.cache_len[s],
+               table.count[s], r - table.first[s], offset < 0 ? nullptr : table.masks + offset,
+               table.mask_stride[s], out + static_cast<std::int64_t>(r) * dim, kv_dim, head_size,
+               heads_per_kv);
 }
 
 #endif  // __CUDACC__

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "specdec/backend/cuda/attention.cuh"
@@ -49,7 +50,19 @@ struct cuda_llama_options {
 
 #if defined(__CUDACC__)
 
+//! One sequence's part of a multi-sequence `cuda_llama::forward`: its tokens, positions, mask and
+//! logits rows (`request`, as a single-sequence forward takes them; the mask covers the segment's
+//! own tokens) scored against `cache`, a cache made by `cuda_llama::make_cache` (or the model's
+//! own).
+struct cuda_llama_segment {
+  cuda_kv_cache* cache = nullptr;  //!< the sequence's cache (not null)
+  forward_request request;         //!< its tokens, as for a single-sequence forward
+};
+
 //! The Llama architecture on a CUDA device (see the file comment). Satisfies `causal_lm`.
+//! `forward` over `cuda_llama_segment`s scores several sequences, each against its own cache, in
+//! one pass over the weights (the rows of every segment go through each matrix product together;
+//! attention and the cache writes run per segment): what `cuda_batched_llama` builds on.
 //!
 //! Not thread-safe: one forward at a time. All work runs on the model's own stream.
 class cuda_llama {
@@ -117,11 +130,33 @@ class cuda_llama {
     return weights_.size() * sizeof(float);
   }
 
+  //! A new, empty cache for a sequence of this model (its full capacity, max_context() entries,
+  //! is allocated on the device now), on the model's stream.
+  [[nodiscard]] std::unique_ptr<cuda_kv_cache> make_cache() const {
+    return std::make_unique<cuda_kv_cache>(config_.n_layers, config_.kv_dim(), max_context_,
+                                           stream_);
+  }
+
   //! Scores `req` (see `forward_request`) and appends its KV entries; writes the logits (and
   //! hidden rows on request) into `out` on the host.
   void forward(forward_request const& req, forward_result& out) {
-    std::size_t const rows = run(req);
-    std::size_t const n = req.tokens.size();
+    cuda_llama_segment const one{cache_.get(), req};
+    forward(std::span<cuda_llama_segment const>(&one, 1), out);
+  }
+
+  //! Scores every segment against its own cache in one pass over the weights and appends each
+  //! segment's KV entries to its cache; `out.logits` holds the segments' logits rows one after the
+  //! other (each segment's `logits_rows`, or all its rows). `want_hidden`, `hidden_layer` and
+  //! `skip_layers` apply to the whole batch: every segment must give the same ones, and hidden
+  //! rows are those of every batch row. Throws `specdec::error`, leaving every cache unchanged,
+  //! for no segment, a null cache or one given twice, a cache of another shape, segments that
+  //! disagree on the batch-wide fields, or a malformed segment (its message prefixed with
+  //! "segment s: " when there are several).
+  void forward(std::span<cuda_llama_segment const> segments, forward_result& out) {
+    std::size_t const rows = run(segments);
+    forward_request const& req = segments[0].request;
+    std::size_t n = 0;
+    for (cuda_llama_segment const& seg : segments) n += seg.request.tokens.size();
     std::size_t const v = vocab_size(), d = hidden_size();
     out.vocab = v;
     out.hidden_size = d;
@@ -149,7 +184,8 @@ class cuda_llama {
   //! Like `forward`, but leaves the logits on the device: returns a [rows, vocab] view of device
   //! memory, valid until the next forward. Does not synchronise the stream.
   [[nodiscard]] matrix_view<float const> forward_device(forward_request const& req) {
-    std::size_t const rows = run(req);
+    cuda_llama_segment const one{cache_.get(), req};
+    std::size_t const rows = run(std::span<cuda_llama_segment const>(&one, 1));
     return matrix_view<float const>(logits_.data(), rows, vocab_size());
   }
 
@@ -229,6 +265,9 @@ class cuda_llama {
     SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<0>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(need)));
+    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::segment_attention_kernel<0>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(need)));
   }
 
   [[nodiscard]] std::size_t attention_smem(std::size_t keys) const noexcept {
@@ -279,13 +318,13 @@ class cuda_llama {
         static_cast<int>(in_features), &beta, y, static_cast<int>(out_features)));
   }
 
-  // Runs the forward on the device; returns the number of logits rows (in logits_).
-  std::size_t run(forward_request const& req) {
+  // The checks of one request against the cache it is scored with.
+  void check_request(forward_request const& req, cuda_kv_cache const& cache) const {
     req.validate(vocab_size(), max_context_);
     std::size_t const n = req.tokens.size();
-    std::size_t const start = cache_->size();
-    SPECDEC_CHECK(n <= cache_->capacity() - start, context_overflow, "cuda_llama::forward: ", n,
-                  " tokens do not fit in a cache holding ", start, " of ", cache_->capacity());
+    SPECDEC_CHECK(n <= cache.capacity() - cache.size(), context_overflow,
+                  "cuda_llama::forward: ", n, " tokens do not fit in a cache holding ",
+                  cache.size(), " of ", cache.capacity());
     for (std::int32_t layer : req.skip_layers)
       SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
                     "cuda_llama::forward: skip layer ", layer, " of a model with ",
@@ -293,33 +332,140 @@ class cuda_llama {
     SPECDEC_CHECK(req.hidden_layer < config_.n_layers, out_of_range,
                   "cuda_llama::forward: hidden_layer ", req.hidden_layer, " of a model with ",
                   config_.n_layers, " layers");
-    std::size_t const rows = req.logits_rows.empty() ? n : req.logits_rows.size();
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
-    reserve(std::max(n, rows));
-    reserve_inputs(2 * n + rows + 1 + 2 * n * words);
+  }
 
-    // Stage tokens | positions | logits rows | mask (as 32-bit halves) and upload in one copy.
+  // Runs the forward of `segments` on the device; returns the number of logits rows (in logits_,
+  // segment after segment). One segment runs the single-sequence kernels; several run the
+  // segment kernels (attention.cuh), which look up each row's segment.
+  std::size_t run(std::span<cuda_llama_segment const> segments) {
+    SPECDEC_CHECK(!segments.empty(), invalid_argument, "cuda_llama::forward: no segments");
+    std::size_t const count = segments.size();
+    forward_request const& req = segments[0].request;  // the batch-wide fields
+    std::size_t n = 0, rows = 0, words_total = 0, longest = 0;
+    bool identity = true;  // every row needs logits, in batch order
+    for (std::size_t s = 0; s < count; ++s) {
+      cuda_llama_segment const& seg = segments[s];
+      SPECDEC_CHECK(seg.cache != nullptr, invalid_argument, "cuda_llama::forward: segment ", s,
+                    " has no cache");
+      SPECDEC_CHECK(
+          seg.cache->n_layers() == config_.n_layers && seg.cache->kv_dim() == config_.kv_dim(),
+          invalid_argument, "cuda_llama::forward: the cache of segment ", s, " (",
+          seg.cache->n_layers(), " layers x ", seg.cache->kv_dim(),
+          " floats) was not made for this model");
+      for (std::size_t j = 0; j < s; ++j)
+        SPECDEC_CHECK(segments[j].cache != seg.cache, invalid_argument,
+                      "cuda_llama::forward: segments ", j, " and ", s, " score the same cache");
+      if (count == 1) {
+        check_request(seg.request, *seg.cache);
+      } else {
+        try {
+          check_request(seg.request, *seg.cache);
+        } catch (error const& e) {
+          throw detail::with_context(e, detail::concat("segment ", s, ": "));
+        }
+      }
+      forward_request const& r = seg.request;
+      SPECDEC_CHECK(r.want_hidden == req.want_hidden && r.hidden_layer == req.hidden_layer &&
+                        std::equal(r.skip_layers.begin(), r.skip_layers.end(),
+                                   req.skip_layers.begin(), req.skip_layers.end()),
+                    invalid_argument, "cuda_llama::forward: segment ", s,
+                    " asks for other hidden rows or skipped layers than segment 0 (they apply to "
+                    "the whole batch)");
+      std::size_t const ns = r.tokens.size();
+      n += ns;
+      rows += r.logits_rows.empty() ? ns : r.logits_rows.size();
+      identity = identity && r.logits_rows.empty();
+      words_total += r.mask.empty() ? 0 : ns * r.mask_stride;
+      longest = std::max(longest, seg.cache->size() + ns);
+    }
+    SPECDEC_CHECK(n <= static_cast<std::size_t>(INT32_MAX) / 4 &&
+                      words_total <= static_cast<std::size_t>(INT32_MAX) / 4,
+                  out_of_range, "cuda_llama::forward: a batch of ", n, " tokens and ", words_total,
+                  " mask words is too large");
+    std::size_t const layers = static_cast<std::size_t>(config_.n_layers);
+    std::size_t const meta = count == 1 ? 0 : n + 6 * count;
+    std::size_t const pointers = count == 1 ? 0 : layers * count * 2;
+    reserve(std::max(n, rows));
+    reserve_inputs(2 * n + rows + meta + 2 + 2 * words_total + 2 + 2 * pointers);
+
+    // Stage tokens | positions | logits rows | (several segments: row segment | first | count |
+    // cache length | mask offset | mask stride) | masks (as 32-bit halves) | (several: plane
+    // pointers) and upload them in one copy.
     std::int32_t* host = host_inputs_;
-    std::copy(req.tokens.begin(), req.tokens.end(), host);
-    std::copy(req.positions.begin(), req.positions.end(), host + n);
-    for (std::size_t r = 0; r < rows; ++r)
-      host[2 * n + r] = req.logits_rows.empty() ? static_cast<std::int32_t>(r) : req.logits_rows[r];
-    std::size_t staged = 2 * n + rows;
-    std::size_t mask_at = 0;
-    if (words != 0) {
-      mask_at = (staged + 1) & ~std::size_t{1};  // 8-byte alignment for the mask words
-      std::memcpy(host + mask_at, req.mask.data(), n * words * sizeof(std::uint64_t));
-      staged = mask_at + 2 * n * words;
+    std::size_t const at_meta = 2 * n + rows;
+    std::size_t row = 0, logits_row = 0, mask_words = 0;
+    std::size_t const mask_at = (at_meta + meta + 1) & ~std::size_t{1};  // 8-byte aligned
+    for (std::size_t s = 0; s < count; ++s) {
+      forward_request const& r = segments[s].request;
+      std::size_t const ns = r.tokens.size();
+      std::copy(r.tokens.begin(), r.tokens.end(), host + row);
+      std::copy(r.positions.begin(), r.positions.end(), host + n + row);
+      if (r.logits_rows.empty()) {
+        for (std::size_t i = 0; i < ns; ++i)
+          host[2 * n + logits_row++] = static_cast<std::int32_t>(row + i);
+      } else {
+        for (std::int32_t const i : r.logits_rows)
+          host[2 * n + logits_row++] = static_cast<std::int32_t>(row) + i;
+      }
+      std::int32_t offset = -1;
+      if (!r.mask.empty()) {
+        offset = static_cast<std::int32_t>(mask_words);
+        std::memcpy(host + mask_at + 2 * mask_words, r.mask.data(),
+                    ns * r.mask_stride * sizeof(std::uint64_t));
+        mask_words += ns * r.mask_stride;
+      }
+      if (count > 1) {
+        for (std::size_t i = 0; i < ns; ++i) host[at_meta + row + i] = static_cast<std::int32_t>(s);
+        std::int32_t* m = host + at_meta + n;
+        m[s] = static_cast<std::int32_t>(row);
+        m[count + s] = static_cast<std::int32_t>(ns);
+        m[2 * count + s] = static_cast<std::int32_t>(segments[s].cache->size());
+        m[3 * count + s] = offset;
+        m[4 * count + s] = r.mask.empty() ? 0 : static_cast<std::int32_t>(r.mask_stride);
+      }
+      row += ns;
+    }
+    std::size_t staged = mask_words != 0 ? mask_at + 2 * mask_words : at_meta + meta;
+    std::size_t planes_at = 0;
+    if (count > 1) {
+      planes_at = (staged + 1) & ~std::size_t{1};
+      planes_.resize(pointers);
+      for (std::size_t l = 0; l < layers; ++l)
+        for (std::size_t s = 0; s < count; ++s) {
+          planes_[(l * count + s) * 2] = segments[s].cache->keys(static_cast<std::int32_t>(l));
+          planes_[(l * count + s) * 2 + 1] =
+              segments[s].cache->values(static_cast<std::int32_t>(l));
+        }
+      std::memcpy(host + planes_at, planes_.data(), pointers * sizeof(float*));
+      staged = planes_at + 2 * pointers;
     }
     SPECDEC_CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), host, staged * sizeof(std::int32_t),
                                        cudaMemcpyHostToDevice, stream_));
     std::int32_t const* d_tokens = inputs_.data();
     std::int32_t const* d_positions = inputs_.data() + n;
     std::int32_t const* d_rows = inputs_.data() + 2 * n;
-    auto const* d_mask =
-        words != 0 ? reinterpret_cast<std::uint64_t const*>(inputs_.data() + mask_at) : nullptr;
+    auto const* d_masks = mask_words != 0
+                              ? reinterpret_cast<std::uint64_t const*>(inputs_.data() + mask_at)
+                              : nullptr;
+    cuda::detail::segment_table table{};
+    if (count > 1) {
+      std::int32_t const* m = inputs_.data() + at_meta;
+      table.row_segment = m;
+      table.first = m + n;
+      table.count = m + n + count;
+      table.cache_len = m + n + 2 * count;
+      table.mask_offset = m + n + 3 * count;
+      table.mask_stride = m + n + 4 * count;
+      table.masks = d_masks;
+      table.planes = reinterpret_cast<float* const*>(inputs_.data() + planes_at);
+      table.segments = static_cast<std::int32_t>(count);
+    }
+    cuda_kv_cache& cache0 = *segments[0].cache;
+    std::size_t const start = cache0.size();
+    std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
 
     auto const d = static_cast<std::size_t>(config_.dim);
     auto const hd = static_cast<std::size_t>(config_.hidden_dim);
@@ -344,15 +490,25 @@ class cuda_llama {
         cuda::detail::rope_kernel<<<ni, threads, 0, stream_>>>(
             qkv_.data(), d_positions, static_cast<std::int32_t>(qkv_stride), idim, ikv,
             config_.head_size(), config_.rope_theta);
-        cuda::detail::kv_append_kernel<<<ni, threads, 0, stream_>>>(
-            qkv_.data(), static_cast<std::int32_t>(qkv_stride), idim, ikv, cache_->keys(layer),
-            cache_->values(layer), static_cast<std::int32_t>(start));
-        cuda::detail::attention_kernel<<<dim3(static_cast<unsigned>(config_.n_heads), ni),
-                                         attention_threads, attention_smem(start + n), stream_>>>(
-            qkv_.data(), static_cast<std::int32_t>(qkv_stride), cache_->keys(layer),
-            cache_->values(layer), static_cast<std::int32_t>(start), static_cast<std::int32_t>(n),
-            d_mask, static_cast<std::int32_t>(words), att_.data(), idim, ikv, config_.head_size(),
-            config_.n_heads / config_.n_kv_heads);
+        if (count == 1) {
+          cuda::detail::kv_append_kernel<<<ni, threads, 0, stream_>>>(
+              qkv_.data(), static_cast<std::int32_t>(qkv_stride), idim, ikv, cache0.keys(layer),
+              cache0.values(layer), static_cast<std::int32_t>(start));
+          cuda::detail::attention_kernel<<<dim3(static_cast<unsigned>(config_.n_heads), ni),
+                                           attention_threads, attention_smem(start + n), stream_>>>(
+              qkv_.data(), static_cast<std::int32_t>(qkv_stride), cache0.keys(layer),
+              cache0.values(layer), static_cast<std::int32_t>(start), static_cast<std::int32_t>(n),
+              d_masks, static_cast<std::int32_t>(words), att_.data(), idim, ikv,
+              config_.head_size(), config_.n_heads / config_.n_kv_heads);
+        } else {
+          cuda::detail::segment_kv_append_kernel<<<ni, threads, 0, stream_>>>(
+              qkv_.data(), static_cast<std::int32_t>(qkv_stride), idim, ikv, table, layer);
+          cuda::detail::
+              segment_attention_kernel<<<dim3(static_cast<unsigned>(config_.n_heads), ni),
+                                         attention_threads, attention_smem(longest), stream_>>>(
+                  qkv_.data(), static_cast<std::int32_t>(qkv_stride), table, layer, att_.data(),
+                  idim, ikv, config_.head_size(), config_.n_heads / config_.n_kv_heads);
+        }
         gemm(w + l.wo, att_.data(), x_.data(), d, d, n, 1.0f);  // x += att Wo^T
         cuda::detail::rmsnorm_kernel<<<ni, threads, 0, stream_>>>(
             x_.data(), nullptr, w + l.rms_ffn, xb_.data(), idim, config_.rms_eps);
@@ -372,7 +528,7 @@ class cuda_llama {
     if (req.want_hidden) {
       cuda::detail::rmsnorm_kernel<<<ni, threads, 0, stream_>>>(
           x_.data(), nullptr, w + rms_final_, final_.data(), idim, config_.rms_eps);
-      if (req.logits_rows.empty()) {
+      if (identity) {
         gemm(classifier, final_.data(), logits_.data(), vocab_size(), d, n, 0.0f);
       } else {
         cuda::detail::rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream_>>>(
@@ -386,7 +542,8 @@ class cuda_llama {
     }
     cuda::throw_if_failed(cuda::last_launch_status("cuda_llama::forward: kernel launch"),
                           "cuda_llama::forward");
-    cache_->commit_append(n);
+    for (cuda_llama_segment const& seg : segments)
+      seg.cache->commit_append(seg.request.tokens.size());
     return rows;
   }
 
@@ -418,6 +575,7 @@ class cuda_llama {
   cuda::device_buffer<float> x_, xb_, att_, qkv_, gu_, hb_, final_, layer_hidden_, logits_;
   cuda::device_buffer<std::int32_t> inputs_;
   std::int32_t* host_inputs_ = nullptr;
+  std::vector<float*> planes_;  // [layers, segments, 2] of a forward of several segments
   std::size_t inputs_capacity_ = 0;
 };
 
