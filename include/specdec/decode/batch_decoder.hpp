@@ -38,6 +38,9 @@
 //! Errors are per request: a bad prompt or configuration, a prompt beyond the context, memory
 //! that cannot be reserved, a proposer, verifier or callback that throws -- the request finishes
 //! with `finish_reason::failed` and its error (`batch_result::error`), and the others go on.
+//!
+//! One topic -- the batched loop and the life of its requests (admission, the step's phases,
+//! failures kept to their request, results) -- needs more than 600 lines here.
 
 #include <algorithm>
 #include <chrono>
