@@ -85,8 +85,10 @@ struct batch_decoder_config {
   std::size_t max_prefill_tokens = 0;
   //! Each request's acceptance estimate (what the speculation policy sees): the accepted draft
   //! tokens over the tested ones (accepted, plus the first rejected), both counts decayed by this
-  //! factor per step, in [0, 1); with `acceptance_prior` counted as `acceptance_prior_weight`
-  //! tested tokens.
+  //! factor per step, in [0, 1). Its prior, counted as `acceptance_prior_weight` tested
+  //! tokens, is the batch's own acceptance (the same counts over every request, decayed per step),
+  //! or `acceptance_prior` before anything was drafted: a request that has drafted little borrows
+  //! the rate of the others (so one unlucky first step does not switch it off for long).
   double acceptance_decay = 0.9;
   double acceptance_prior = 0.5;         //!< in [0, 1]
   double acceptance_prior_weight = 2.0;  //!< >= 0
@@ -279,12 +281,21 @@ class batch_decoder {
       std::size_t limit = std::min(r->budget, r->capacity - base - 1);
       if constexpr (!produces_trees_v<Proposer>) limit = std::min(limit, r->sink.remaining() - 1);
       double const w = config_.acceptance_prior_weight;
+      double const prior =
+          batch_tested_ > 0.0 ? batch_accepted_ / batch_tested_ : config_.acceptance_prior;
       spec_.push_back({.slot = r->slot,
                        .max_draft = limit,
                        .other_rows = 1 + (r->first_step ? r->prompt.size() - 1 : 0),
-                       .acceptance = (r->accepted_recent + config_.acceptance_prior * w) /
+                       .acceptance = (r->accepted_recent + prior * w) /
                                      (r->tested_recent + w > 0.0 ? r->tested_recent + w : 1.0)});
+      // Every count decays once per step, the request's whether it drafts or not (evidence that
+      // is not renewed fades toward the batch's rate); this step's outcomes come in at full
+      // weight.
+      r->accepted_recent *= config_.acceptance_decay;
+      r->tested_recent *= config_.acceptance_decay;
     }
+    batch_accepted_ *= config_.acceptance_decay;
+    batch_tested_ *= config_.acceptance_decay;
     compact();
     if (running_.empty()) return finish_step(start, 0, 0.0, 0.0, 0);
     draft_.assign(running_.size(), 0);
@@ -603,10 +614,11 @@ class batch_decoder {
     // The acceptance estimate: the accepted tokens over the tested ones (the accepted and the
     // first rejected), decayed per step.
     if (step.tree_depth > 0) {
-      double const d = config_.acceptance_decay;
       std::size_t const tested = step.accepted + (step.accepted < step.tree_depth ? 1 : 0);
-      r.accepted_recent = d * r.accepted_recent + static_cast<double>(step.accepted);
-      r.tested_recent = d * r.tested_recent + static_cast<double>(tested);
+      r.accepted_recent += static_cast<double>(step.accepted);
+      r.tested_recent += static_cast<double>(tested);
+      batch_accepted_ += static_cast<double>(step.accepted);
+      batch_tested_ += static_cast<double>(tested);
     }
     if (r.sink.done()) finish(r, r.out.reason);
   }
@@ -764,6 +776,7 @@ class batch_decoder {
   batch_decoder_config config_;
   bool prepared_ = false;
   request_id next_id_ = 0;
+  double batch_accepted_ = 0.0, batch_tested_ = 0.0;  // decayed counts over every request
   std::deque<std::unique_ptr<request>> waiting_;
   std::vector<std::unique_ptr<request>> running_;  // in admission order
   std::unordered_map<request_id, batch_result> results_;
