@@ -74,6 +74,7 @@
 #include <utility>
 #include <vector>
 
+#include "e2e_support.hpp"
 #include "jsonl.hpp"
 #include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
@@ -108,6 +109,15 @@ namespace sd = specdec;
 namespace fs = std::filesystem;
 
 namespace {
+
+using bench::bench_threads;
+using bench::env_count;
+using bench::median;
+using bench::oracle_proposer;
+using bench::require;
+using bench::seconds_of;
+using bench::shared_dir;
+using bench::stories110m;
 
 // ---------------------------------------------------------------------------------------------
 // Forward timing.
@@ -256,28 +266,6 @@ static_assert(sd::eagle_head_runner<timed_eagle>);
 
 // ---------------------------------------------------------------------------------------------
 // Inputs.
-
-fs::path shared_dir(char const* var, char const* sub) {
-  if (char const* v = std::getenv(var); v != nullptr && *v != '\0') return v;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / sub;
-}
-
-fs::path require(fs::path const& p) {
-  if (!fs::exists(p)) {
-    std::fprintf(stderr, "bench_e2e: missing %s (set SPECDEC_MODEL_DIR / SPECDEC_DATA_DIR)\n",
-                 p.string().c_str());
-    std::exit(1);
-  }
-  return p;
-}
-
-std::size_t env_count(char const* var, std::size_t fallback) {
-  char const* v = std::getenv(var);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  unsigned long long const n = std::strtoull(v, &end, 10);
-  return end != v && *end == '\0' && n > 0 ? static_cast<std::size_t>(n) : fallback;
-}
 
 //! The fixture: weights, tokenizer, the encoded prompts, and the trained draft when present.
 struct fixture {
@@ -631,88 +619,6 @@ void bench_eagle(benchmark::State& state, char const* kind, bool greedy) {
 // 2. Controlled acceptance.
 
 constexpr std::size_t controlled_k = 4;
-
-//! Drafts the target's own greedy continuation `sequence` (prompt included), each drafted token
-//! replaced by another one with probability 1 - acceptance (its own Philox stream).
-class oracle_proposer {
- public:
-  static constexpr bool produces_trees = false;
-  static constexpr bool samples_drafts = false;
-  static constexpr bool needs_target_hidden = false;
-
-  oracle_proposer(std::vector<sd::token_id> sequence, std::size_t k, double acceptance,
-                  std::size_t vocab, std::uint64_t seed)
-      : sequence_(std::move(sequence)),
-        k_(k),
-        acceptance_(acceptance),
-        vocab_(vocab),
-        seed_(seed) {}
-
-  void begin(std::span<sd::token_id const>) { rng_ = sd::philox(seed_, 0, 0); }
-
-  void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
-    tree.reset(ctx.tokens.back());
-    std::size_t const t = ctx.tokens.size();
-    SPECDEC_CHECK(t <= sequence_.size() && sequence_[t - 1] == ctx.tokens.back(), internal,
-                  "oracle_proposer: the committed tokens left the greedy continuation at ", t);
-    std::size_t const n = std::min({k_, ctx.max_nodes, sequence_.size() - t});
-    sd::node_index parent = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      sd::token_id token = sequence_[t + i];
-      if (static_cast<double>(rng_.uniform()) >= acceptance_) {
-        auto const shift = 1 + rng_.next_u32() % static_cast<std::uint32_t>(vocab_ - 1);
-        token = static_cast<sd::token_id>((static_cast<std::size_t>(token) + shift) % vocab_);
-      }
-      parent = tree.add_node(parent, token);
-    }
-  }
-
-  void accept(sd::verify_result const&) noexcept {}
-
- private:
-  std::vector<sd::token_id> sequence_;
-  std::size_t k_;
-  double acceptance_;
-  std::size_t vocab_;
-  std::uint64_t seed_;
-  sd::philox rng_{0};
-};
-
-//! The stories110M-shape random target, built once.
-std::shared_ptr<sd::llama_weights const> const& stories110m() {
-  static std::shared_ptr<sd::llama_weights const> const w = [] {
-    sd::llama_config c;
-    c.dim = 768;
-    c.hidden_dim = 2048;
-    c.n_layers = 12;
-    c.n_heads = 12;
-    c.n_kv_heads = 12;
-    c.vocab_size = 32000;
-    c.seq_len = 1024;
-    c.shared_classifier = true;
-    return std::make_shared<sd::llama_weights const>(sd::make_random_llama(c, 110, 0.02f));
-  }();
-  return w;
-}
-
-std::size_t bench_threads() {
-  return env_count("SPECDEC_BENCH_THREADS",
-                   std::max<std::size_t>(1, std::thread::hardware_concurrency()));
-}
-
-//! The median of `v` (not empty).
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-//! Seconds of `f()`.
-template <class F>
-double seconds_of(F&& f) {
-  auto const t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 void bench_controlled(benchmark::State& state, double acceptance) {
   std::size_t const new_tokens = env_count("SPECDEC_BENCH_TOKENS", 128);

@@ -3,7 +3,8 @@
 // tools/generate/strategies.hpp), streaming the text as tokens are committed, then a statistics
 // table; --compare adds the autoregressive baseline and the speedup, --json prints one JSON object
 // instead, --stream-json a JSON line per token then that object, --report a picture of the run.
-// See docs/generate.md and --help.
+// --prompts FILE --batch N serves every prompt of a JSON Lines file as concurrent requests
+// (tools/generate/batch.hpp). See docs/generate.md and --help.
 //
 // Exit status: 0 on success; 2 for a bad command line (tools/generate/options.hpp); 1 for a
 // failure at run time (a specdec::error or any other exception), each with a one-line message on
@@ -27,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "generate/batch.hpp"
 #include "generate/option.hpp"
 #include "generate/options.hpp"
 #include "generate/picture.hpp"
@@ -73,18 +75,6 @@ sd::tokenizer load_vocabulary(option_values const& v) {
   return sd::load_tokenizer(model, path);
 }
 
-//! The text of `tokens` following `previous` (as streamed: the first piece may drop its leading
-//! space after BOS).
-std::string decode_after(sd::tokenizer const& tok, sd::token_id previous,
-                         std::span<sd::token_id const> tokens) {
-  std::string text;
-  for (sd::token_id t : tokens) {
-    text += tok.decode(previous, t);
-    previous = t;
-  }
-  return text;
-}
-
 //! Streams committed tokens to stdout after the prompt text (written with the first token, so
 //! that a request failing before its first token leaves stdout empty), flushing at most every
 //! 25 ms (a flush per token would cost more than a forward of a small model).
@@ -127,14 +117,6 @@ class text_stream {
   bool started_ = false;
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
-
-//! One JSON value on one line of stdout; invalid UTF-8 (byte-fallback tokens can split a
-//! character) becomes U+FFFD.
-void print_json(nlohmann::ordered_json const& j) {
-  std::string const text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
-}
 
 //! The log-probability of `token` under the softmax of `logits`, and the `top` most likely tokens
 //! of the row with theirs (ties: the lower id first), as --logprobs reports them.
@@ -323,17 +305,6 @@ int run(command_line const& cmd) {
                  "was trained on; its output past them may degrade\n",
                  context, trained);
 
-  auto const prompt_file = v.text(opt::prompt_file);
-  std::string const prompt_text =
-      prompt_file ? read_prompt_file(*prompt_file) : *v.text(opt::prompt);
-  // A prompt that cannot fit the context is refused before it is encoded: every token covers at
-  // most max_token_length() bytes, which bounds its token count from below.
-  std::size_t const at_least = tok.min_tokens(prompt_text, true);
-  SPECDEC_CHECK(at_least <= context, context_overflow, "a prompt of ", prompt_text.size(),
-                " bytes encodes to at least ", at_least, " tokens, more than the context of ",
-                context, " positions");
-  std::vector<sd::token_id> const prompt = tok.encode(prompt_text, true);
-
   sd::sampling_params params;
   params.temperature = v.real(opt::temperature);
   params.top_k = static_cast<std::int32_t>(v.count(opt::top_k));
@@ -355,6 +326,27 @@ int run(command_line const& cmd) {
 
   sd::cpu_llama_options const model_options{
       .threads = static_cast<std::size_t>(v.count(opt::threads)), .max_context = context};
+  std::optional<sd::typical_acceptance_params> typical;
+  if (v.text(opt::verifier).value_or("auto") == "typical")
+    typical = sd::typical_acceptance_params{.epsilon = v.real(opt::typical_epsilon),
+                                            .delta = v.real(opt::typical_delta)};
+  if (v.given(opt::prompts)) {  // many prompts as concurrent requests (generate/batch.hpp)
+    if (device == device_kind::cuda)
+      throw usage_error("--prompts serves its requests on the CPU backend; drop --device cuda");
+    return run_batch({v, chosen, weights, tok, model_options, params, config, typical});
+  }
+
+  auto const prompt_file = v.text(opt::prompt_file);
+  std::string const prompt_text =
+      prompt_file ? read_prompt_file(*prompt_file) : *v.text(opt::prompt);
+  // A prompt that cannot fit the context is refused before it is encoded: every token covers at
+  // most max_token_length() bytes, which bounds its token count from below.
+  std::size_t const at_least = tok.min_tokens(prompt_text, true);
+  SPECDEC_CHECK(at_least <= context, context_overflow, "a prompt of ", prompt_text.size(),
+                " bytes encodes to at least ", at_least, " tokens, more than the context of ",
+                context, " positions");
+  std::vector<sd::token_id> const prompt = tok.encode(prompt_text, true);
+
   lm target = make_lm(device, dtype, weights, model_options);
   session s{v,
             weights,
@@ -369,9 +361,7 @@ int run(command_line const& cmd) {
             access,
             device,
             dtype};
-  if (v.text(opt::verifier).value_or("auto") == "typical")
-    s.typical = sd::typical_acceptance_params{.epsilon = v.real(opt::typical_epsilon),
-                                              .delta = v.real(opt::typical_delta)};
+  s.typical = typical;
   bool const json = v.flag(opt::json), stream_json = v.flag(opt::stream_json);
   bool const compare = v.flag(opt::compare);
   auto const repeat = static_cast<std::size_t>(v.count(opt::repeat));

@@ -15,8 +15,9 @@
 //! #include <specdec/interop/raw.hpp>          // C arrays -> forward_request, draft_tree, ...
 //! ```
 
-// core/: the shared types and the five concepts.
+// core/: the shared types and the concepts.
 #include "specdec/core/auxiliary_batch.hpp"
+#include "specdec/core/batch_forward.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
@@ -51,6 +52,7 @@
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
 #include "specdec/propose/medusa.hpp"
+#include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/rest_datastore.hpp"
@@ -58,6 +60,7 @@
 
 // kv/: KV cache layouts.
 #include "specdec/kv/contiguous_cache.hpp"
+#include "specdec/kv/slots.hpp"
 
 // model/: model files (llama2.c, GGUF, safetensors), draft heads, tokenizers, random models of any
 // shape.
@@ -76,9 +79,12 @@
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/model/weight_storage.hpp"
 
-// decode/: the speculative decoder and the autoregressive baseline.
+// decode/: the speculative decoder, the autoregressive baseline, and the batch decoder for
+// serving many requests with its speculation policies.
 #include "specdec/decode/autoregressive.hpp"
+#include "specdec/decode/batch_decoder.hpp"
 #include "specdec/decode/common.hpp"
+#include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 
 // reference/: slow, obviously correct versions that tests compare against.

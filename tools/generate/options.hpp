@@ -19,9 +19,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -261,7 +263,38 @@ inline constexpr option_spec report_step{
     .help = "the step whose draft tree --report draws (0 = the first)",
     .default_text = "the step with the longest accepted path, then the largest tree"};
 
+inline constexpr option_spec prompts{
+    .flag = "--prompts",
+    .value_name = "FILE",
+    .kind = value_kind::file,
+    .help =
+        "serve every prompt of a JSON Lines file (each line's \"prompt\", else the first of its "
+        "\"turns\") as concurrent requests, streaming each one's text after its line number; "
+        "request i (line L) has seed --seed + L"};
+inline constexpr option_spec batch{.flag = "--batch",
+                                   .value_name = "N",
+                                   .kind = value_kind::count,
+                                   .help = "requests decoded at once (needs --prompts)",
+                                   .count_lo = 1,
+                                   .count_hi = 1024,
+                                   .count_default = 8};
+inline constexpr option_spec speculate{
+    .flag = "--speculate",
+    .value_name = "POLICY",
+    .kind = value_kind::text,
+    .help =
+        "draft lengths under load (needs --prompts): 'full' (each request drafts its proposer's "
+        "whole budget every step, as a single request does) or 'adaptive' (per step, the lengths "
+        "that maximise committed tokens per second, from measured costs and each request's "
+        "acceptance)",
+    .default_text = "full"};
+
 }  // namespace opt
+
+//! The strategies that can serve --prompts (batched serving): those whose proposers work per
+//! request or batched, without auxiliary tokens or target hidden states.
+inline constexpr std::string_view batch_strategies[] = {"autoregressive", "draft", "prompt-lookup",
+                                                        "rest"};
 
 //! A titled group of general options, as --help shows them.
 struct option_group {
@@ -292,6 +325,7 @@ inline constexpr option_spec const* generation[] = {
 inline constexpr option_spec const* output[] = {&opt::compare,     &opt::repeat,   &opt::json,
                                                 &opt::stream_json, &opt::logprobs, &opt::report,
                                                 &opt::report_step};
+inline constexpr option_spec const* serving[] = {&opt::prompts, &opt::batch, &opt::speculate};
 }  // namespace general_options
 
 //! The general options' groups, in --help order (the strategy group, --strategy and the
@@ -302,7 +336,10 @@ inline constexpr option_group general_groups[] = {
      "at --temp 0 decoding is greedy: the options marked 'needs --temp > 0' cannot change the "
      "output there and are refused; the penalties change greedy decoding too"},
     {"generation:", general_options::generation, {}},
-    {"output:", general_options::output, {}}};
+    {"output:", general_options::output, {}},
+    {"serving (many prompts as concurrent requests):", general_options::serving,
+     "with --prompts: --json prints one object per request (as each ends) and a total; "
+     "--compare, --repeat, --stream-json, --logprobs and --report do not apply"}};
 
 //! The strategy when --strategy is not given and no strategy's required options are.
 inline constexpr std::string_view fallback_strategy = "prompt-lookup";
@@ -370,7 +407,8 @@ inline std::string strategies_with(std::string_view flag) {
 //! The --help text.
 inline std::string help_text() {
   std::string out =
-      "usage: specdec-generate --model PATH [options] (--prompt TEXT | --prompt-file FILE)\n"
+      "usage: specdec-generate --model PATH [options] (--prompt TEXT | --prompt-file FILE | "
+      "--prompts FILE)\n"
       "\n"
       "Generates text with speculative decoding on the CPU, streams it as tokens are committed, "
       "then\n"
@@ -446,6 +484,30 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
       throw usage_error(std::string(o->flag) + " applies to --verifier typical only");
   if (given(opt::report_step) && !given(opt::report))
     throw usage_error("--report-step applies to --report only");
+  if (given(opt::prompts)) {
+    for (option_spec const* o :
+         {&opt::compare, &opt::repeat, &opt::stream_json, &opt::logprobs, &opt::report})
+      if (given(*o))
+        throw usage_error(std::string(o->flag) + " does not apply to --prompts (batched serving)");
+    if (given(opt::adaptive))
+      throw usage_error(
+          "--adaptive does not apply to --prompts: --speculate adaptive chooses each request's "
+          "draft length per step");
+    if (std::find(std::begin(batch_strategies), std::end(batch_strategies), chosen.name) ==
+        std::end(batch_strategies)) {
+      std::string names;
+      for (std::string_view n : batch_strategies)
+        names += (names.empty() ? "" : ", ") + std::string(n);
+      throw usage_error("--strategy " + std::string(chosen.name) +
+                        " cannot serve --prompts (batched serving supports " + names + ")");
+    }
+  } else {
+    for (option_spec const* o : {&opt::batch, &opt::speculate})
+      if (given(*o)) throw usage_error(std::string(o->flag) + " applies to --prompts only");
+  }
+  std::string const speculate = v.text(opt::speculate).value_or("full");
+  if (speculate != "full" && speculate != "adaptive")
+    throw usage_error("unknown --speculate policy '" + speculate + "' (full, adaptive)");
   if (auto const file = v.text(opt::report)) {
     auto const ext = std::filesystem::path(*file).extension();
     if (ext != ".svg" && ext != ".html")
@@ -533,10 +595,15 @@ inline command_line parse_command_line(int argc, char const* const* argv) {
   // 4. What is missing, and the rules between options.
   option_values const& v = cmd.values;
   if (!raw.contains(opt::model.flag)) throw usage_error("no model (--model PATH)");
-  if (raw.contains(opt::prompt.flag) == raw.contains(opt::prompt_file.flag))
-    throw usage_error(raw.contains(opt::prompt.flag)
-                          ? "give --prompt or --prompt-file, not both"
-                          : "no prompt (--prompt TEXT or --prompt-file FILE)");
+  std::size_t const prompt_sources = (raw.contains(opt::prompt.flag) ? 1 : 0) +
+                                     (raw.contains(opt::prompt_file.flag) ? 1 : 0) +
+                                     (raw.contains(opt::prompts.flag) ? 1 : 0);
+  if (prompt_sources == 0)
+    throw usage_error("no prompt (--prompt TEXT, --prompt-file FILE or --prompts FILE)");
+  if (prompt_sources > 1)
+    throw usage_error(raw.contains(opt::prompts.flag)
+                          ? "give --prompts or a single prompt (--prompt, --prompt-file), not both"
+                          : "give --prompt or --prompt-file, not both");
   for (option_spec const* o : chosen.options)
     if (o->required && !raw.contains(o->flag))
       throw usage_error("--strategy " + std::string(chosen.name) + " needs " +

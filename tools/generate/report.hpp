@@ -16,8 +16,29 @@
 #include "specdec/core/stats.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/decode/common.hpp"
+#include "specdec/model/tokenizer.hpp"
 
 namespace generate {
+
+//! The text of `tokens` following `previous` (as streamed: the first piece may drop its leading
+//! space after BOS).
+inline std::string decode_after(sd::tokenizer const& tok, sd::token_id previous,
+                                std::span<sd::token_id const> tokens) {
+  std::string text;
+  for (sd::token_id t : tokens) {
+    text += tok.decode(previous, t);
+    previous = t;
+  }
+  return text;
+}
+
+//! One JSON value on one line of stdout; invalid UTF-8 (byte-fallback tokens can split a
+//! character) becomes U+FFFD.
+inline void print_json(nlohmann::ordered_json const& j) {
+  std::string const text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
 
 //! The autoregressive baseline of --compare and how it compares.
 struct comparison {

@@ -529,14 +529,17 @@ inline run_output run_layer_skip(session& s) {
   });
 }
 
+//! The prompt-lookup configuration from --lookup-*.
+inline sd::prompt_lookup_config lookup_config(option_values const& v) {
+  return {.n_max = static_cast<std::size_t>(v.count(opt::lookup_ngram)),
+          .n_min = static_cast<std::size_t>(v.count(opt::lookup_ngram_min)),
+          .k = static_cast<std::size_t>(v.count(opt::lookup_depth)),
+          .max_branches = static_cast<std::size_t>(v.count(opt::lookup_branches))};
+}
+
 //! prompt-lookup: n-gram matches in the prompt and the output draft chains or trees.
 inline run_output run_prompt_lookup(session& s) {
-  option_values const& v = s.values;
-  sd::prompt_lookup_config const c{
-      .n_max = static_cast<std::size_t>(v.count(opt::lookup_ngram)),
-      .n_min = static_cast<std::size_t>(v.count(opt::lookup_ngram_min)),
-      .k = static_cast<std::size_t>(v.count(opt::lookup_depth)),
-      .max_branches = static_cast<std::size_t>(v.count(opt::lookup_branches))};
+  sd::prompt_lookup_config const c = lookup_config(s.values);
   sd::prompt_lookup_proposer proposer(c);
   return run_candidates(
       s, proposer,
@@ -545,19 +548,31 @@ inline run_output run_prompt_lookup(session& s) {
           (c.max_branches > 1 ? ", " + std::to_string(c.max_branches) + " branches" : ""));
 }
 
-//! rest: continuations retrieved from a datastore draft a tree.
-inline run_output run_rest(session& s) {
-  option_values const& v = s.values;
-  auto const datastore =
-      std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(*v.text(opt::datastore)));
-  SPECDEC_CHECK(datastore->vocab_size() <= s.target.vocab_size(), invalid_argument,
-                "--datastore: its vocabulary of ", datastore->vocab_size(),
-                " ids exceeds the model's ", s.target.vocab_size());
+//! The REST configuration from --rest-*.
+inline sd::rest_config rest_config_of(option_values const& v) {
   sd::rest_config c;
   c.n_max = static_cast<std::size_t>(v.count(opt::rest_ngram));
   c.n_min = static_cast<std::size_t>(v.count(opt::rest_ngram_min));
   c.depth = static_cast<std::size_t>(v.count(opt::rest_depth));
   c.max_nodes = static_cast<std::size_t>(v.count(opt::rest_nodes));
+  return c;
+}
+
+//! The --datastore file, checked against a model of `vocab` tokens.
+inline std::shared_ptr<sd::rest_datastore const> load_datastore(option_values const& v,
+                                                                std::size_t vocab) {
+  auto datastore =
+      std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(*v.text(opt::datastore)));
+  SPECDEC_CHECK(datastore->vocab_size() <= vocab, invalid_argument,
+                "--datastore: its vocabulary of ", datastore->vocab_size(),
+                " ids exceeds the model's ", vocab);
+  return datastore;
+}
+
+//! rest: continuations retrieved from a datastore draft a tree.
+inline run_output run_rest(session& s) {
+  auto const datastore = load_datastore(s.values, s.target.vocab_size());
+  sd::rest_config const c = rest_config_of(s.values);
   sd::rest_proposer proposer(datastore, c);
   return run_candidates(s, proposer,
                         "REST, " + std::to_string(datastore->size()) + "-entry datastore, depth " +

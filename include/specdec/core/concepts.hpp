@@ -2,7 +2,8 @@
 //! \file
 //! The five concepts through which the pieces of specdec plug together: `sampling_policy`,
 //! `verifier`, `proposer`, `kv_cache` and `causal_lm` (and `auxiliary_proposer`, a proposer that
-//! scores tokens beside its tree). Each requirement is listed with the reason it exists. The
+//! scores tokens beside its tree; `batched_lm`, a model that scores many sequences in one forward,
+//! for serving). Each requirement is listed with the reason it exists. The
 //! compile-time capabilities of proposers and verifiers are in core/traits.hpp.
 
 #include <concepts>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "specdec/core/auxiliary_batch.hpp"
+#include "specdec/core/batch_forward.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/core/philox.hpp"
@@ -93,6 +95,32 @@ concept proposer = requires(P& p, propose_context const& ctx, draft_tree& out,
   p.accept(r);
 };
 
+//! A proposer that drafts for many requests at once (`batch_decoder`), holding the state of each
+//! request under its slot: a batched draft model serving the whole batch with one forward per
+//! draft position, or independent per-request proposers (`per_request_proposer`).
+//!
+//! Requirements:
+//! - `p.begin(slot, prompt)` starts a request in `slot` (a slot not in use by another request).
+//!   Why: as `proposer::begin`, per request.
+//! - `p.propose(items)` drafts for every item: item i's tree gets root
+//!   `items[i].ctx.tokens.back()` and at most `items[i].ctx.max_nodes` nodes, as
+//!   `proposer::propose` would for that request alone. A failure that concerns one request only
+//!   is stored in its `error`; an exception fails every request of the call.
+//!   Why: one call per step lets a model-based proposer batch its forwards across requests.
+//! - `p.accept(slot, result)`: as `proposer::accept`, for the request in `slot`.
+//! - `p.end(slot)`: the request left (finished, cancelled or failed); its state may go.
+//!   Why: slots are reused by later requests.
+//! Capabilities are declared as for `proposer` (`proposer_traits`): `produces_trees`,
+//! `samples_drafts`.
+template <class P>
+concept batch_proposer = requires(P& p, std::size_t slot, std::span<token_id const> prompt,
+                                  std::span<batch_propose_item> items, verify_result const& r) {
+  p.begin(slot, prompt);
+  p.propose(items);
+  p.accept(slot, r);
+  p.end(slot);
+};
+
 //! A proposer that adds auxiliary tokens to the target forward of each step and learns from the
 //! target's rows: lookahead decoding's Jacobi window scored beside its verification tree, Jacobi
 //! decoding refining its guesses from the target's own predictions, or any strategy that wants
@@ -157,6 +185,40 @@ concept causal_lm = requires(M& m, M const& cm, forward_request const& req, forw
   { cm.hidden_size() } -> std::convertible_to<std::size_t>;
   m.forward(req, out);
   requires kv_cache<std::remove_cvref_t<decltype(m.cache())>>;
+};
+
+//! A model that scores several sequences in one forward (serving many requests at once), each
+//! sequence in its own slot with its own KV cache: the sibling of `causal_lm` that
+//! `batch_decoder` drives.
+//!
+//! Requirements:
+//! - `m.vocab_size()`, `m.max_context()`, `m.hidden_size()`, as for `causal_lm`.
+//! - `m.max_slots()`: most sequences held at once. `m.free_slots()`: slots not in use now.
+//!   Why: a serving loop admits requests while slots are free and queues the others.
+//! - `m.acquire_slot()` returns a free slot (index < max_slots()) with an empty cache and marks it
+//!   in use; throws `errc::context_overflow` when none is free. `m.release_slot(slot)` frees it
+//!   for reuse (throws `errc::invalid_argument` for a slot not in use). Why: requests come and go
+//!   between steps (continuous batching); a finished request's slot, and its memory, serve the
+//!   next one.
+//! - `m.cache(slot)` is a `kv_cache`. Why: each sequence commits or rolls back its own
+//!   speculation (truncate / keep_path) by its own accepted length.
+//! - `m.forward(req, out)` scores every segment of `req` (see `batch_forward_request`) against its
+//!   slot's cache, as a `causal_lm` would score that segment alone, and appends each segment's KV
+//!   entries to its slot's cache; `out` holds the segments' logits rows one after the other.
+//!   Why: one forward per step for the whole batch, so the weights are read once for all its
+//!   requests -- what makes batching pay on a memory-bound device.
+template <class M>
+concept batched_lm = requires(M& m, M const& cm, batch_forward_request const& req,
+                              batch_forward_result& out, std::size_t slot) {
+  { cm.vocab_size() } -> std::convertible_to<std::size_t>;
+  { cm.max_context() } -> std::convertible_to<std::size_t>;
+  { cm.hidden_size() } -> std::convertible_to<std::size_t>;
+  { cm.max_slots() } -> std::convertible_to<std::size_t>;
+  { cm.free_slots() } -> std::convertible_to<std::size_t>;
+  { m.acquire_slot() } -> std::same_as<std::size_t>;
+  m.release_slot(slot);
+  m.forward(req, out);
+  requires kv_cache<std::remove_cvref_t<decltype(m.cache(slot))>>;
 };
 
 }  // namespace specdec

@@ -74,6 +74,15 @@ template <class... Args>
   return out.str();
 }
 
+//! `e` with `context` put before its message: "specdec: <code>: <context><message>", the same
+//! failure as seen by a caller that says where it happened (e.g. "segment 2: ").
+[[nodiscard]] inline error with_context(error const& e, std::string_view context) {
+  std::string_view what = e.what();
+  std::string const head = "specdec: " + std::string(to_string(e.code())) + ": ";
+  if (what.substr(0, head.size()) == head) what.remove_prefix(head.size());
+  return error(e.code(), std::string(context) + std::string(what));
+}
+
 }  // namespace detail
 }  // namespace specdec
 

@@ -3,8 +3,10 @@
 //! `propose_context`: what a proposer sees when it drafts.
 
 #include <cstddef>
+#include <exception>
 #include <span>
 
+#include "specdec/core/draft_tree.hpp"
 #include "specdec/core/philox.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/views.hpp"
@@ -26,6 +28,16 @@ struct propose_context {
   std::size_t max_nodes = 0;
   //! The random stream for proposers that sample their drafts (never null during a decode).
   philox* rng = nullptr;
+};
+
+//! One request's part of a batched `propose` call (`batch_proposer`): what a single-sequence
+//! proposer gets (its context and the tree to fill), keyed by the request's slot.
+struct batch_propose_item {
+  std::size_t slot = 0;        //!< the request's slot: the key of its state in the proposer
+  propose_context ctx;         //!< its committed tokens, node budget and random stream
+  draft_tree* tree = nullptr;  //!< where its draft goes (reset to root ctx.tokens.back())
+  //! Set by the proposer when drafting failed for this request alone (the others go on).
+  std::exception_ptr error = nullptr;
 };
 
 namespace detail {

@@ -40,7 +40,8 @@ enum class finish_reason {
   stop_sequence,  //!< the generated tokens ended with one of `decode_config::stop_sequences`
   stop_string,    //!< the generated text contains one of `decode_config::stop_strings`
   context_full,   //!< the model's context cannot take another token
-  cancelled,      //!< the streaming callback returned false
+  cancelled,      //!< the streaming callback returned false (or the request was cancelled)
+  failed,         //!< the request failed alone in a batch (`batch_result::error` says why)
 };
 
 //! A short name for a finish reason, e.g. "eos".
@@ -58,6 +59,8 @@ enum class finish_reason {
       return "context_full";
     case finish_reason::cancelled:
       return "cancelled";
+    case finish_reason::failed:
+      return "failed";
   }
   return "unknown";
 }

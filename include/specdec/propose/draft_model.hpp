@@ -23,6 +23,9 @@
 //!   `policy.sample` draws), and q_i is recorded as the tree's q row i - 1; pair with a
 //!   speculative-sampling (or tree) verifier, which accepts with min(1, p/q). Lossless.
 //!
+//! `batched_draft_model_proposer` (below) drafts for a whole batch of requests (`batch_decoder`)
+//! with one draft model that scores them all in each forward (a `batched_lm`).
+//!
 //! Options: a confidence cutoff (stop drafting when the draft's top probability under its plain
 //! softmax falls below a threshold; the first draft token is always drafted) and an adaptive draft
 //! length (after a step whose drafts were all accepted k grows by `k_step_up`, after a rejection it
@@ -33,11 +36,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "specdec/core/batch_forward.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
@@ -329,6 +334,263 @@ class draft_model_proposer {
  private:
   DraftModel* draft_;
   detail::chain_drafter<DraftModel, Policy, Mode> drafter_;
+};
+
+}  // namespace specdec
+
+namespace specdec {
+
+//! Drafts chains for every request of a batch with ONE draft model that scores all of them
+//! together (`batch_proposer`, for `batch_decoder`): the draft's weights are read once per draft
+//! position for the whole batch, as the target's are once per step.
+//!
+//! Each request holds a slot of the draft model (a `batched_lm`), acquired by `begin` and
+//! released by `end`, with the draft cache of `draft_model_proposer`: `propose` feeds every
+//! committed token a request's cache lacks (all requests in one forward), then drafts d_1..d_k
+//! feeding d_1..d_{k-1}, one forward per draft position over the requests still drafting;
+//! `accept` truncates the request's cache to its committed tokens plus its accepted drafts. A
+//! request's draft rows are the same bits as alone, so its drafts -- and in `draft_mode::sample`
+//! the words it reads from its own Philox stream, one per draft token -- are those
+//! `draft_model_proposer` draws for it alone. Each request drafts min(k, its ctx.max_nodes)
+//! tokens (the batch's speculation policy sets max_nodes; `draft_model_config::adaptive` is
+//! refused: the policy decides), stopping early at the confidence cutoff. One policy serves every
+//! request's draft rows (with sampled drafts any q is lossless; matching each request's own
+//! policy raises acceptance).
+//! \tparam DraftModel a `batched_lm`; held by reference, its slots belong to this proposer.
+//! \tparam Policy     a `sampling_policy` for the draft rows; owned.
+//! \tparam Mode       greedy candidates or sampled drafts with q rows.
+template <batched_lm DraftModel, sampling_policy Policy, draft_mode Mode = draft_mode::greedy>
+class batched_draft_model_proposer {
+ public:
+  static constexpr bool produces_trees = false;                       //!< always a chain
+  static constexpr bool samples_drafts = Mode == draft_mode::sample;  //!< q rows when sampling
+
+  //! A proposer drafting with `draft` (which must outlive it) for a target of `target_vocab`
+  //! tokens. Throws `errc::invalid_argument` when the vocabularies differ, `config` is invalid or
+  //! adaptive.
+  batched_draft_model_proposer(DraftModel& draft, std::size_t target_vocab, Policy policy,
+                               draft_model_config config = {})
+      : draft_(&draft), policy_(std::move(policy)), config_(config) {
+    config_.validate();
+    SPECDEC_CHECK(!config_.adaptive, invalid_argument,
+                  "batched_draft_model_proposer: adaptive k is the batch's speculation policy's "
+                  "to decide (draft_model_config::adaptive must be false)");
+    SPECDEC_CHECK(draft.vocab_size() == target_vocab, invalid_argument,
+                  "batched_draft_model_proposer: the draft model's vocabulary (",
+                  draft.vocab_size(), " tokens) differs from the target's (", target_vocab,
+                  " tokens)");
+  }
+
+  //! Starts the request in `slot`: acquires a draft slot for it (throws what the draft model's
+  //! `acquire_slot` throws when none is free: the request fails alone).
+  void begin(std::size_t slot, std::span<token_id const> prompt) {
+    if (slot >= requests_.size()) requests_.resize(slot + 1);
+    request& r = requests_[slot];
+    if (r.active) end(slot);
+    r.draft_slot = draft_->acquire_slot();
+    r.active = true;
+    r.cached.clear();
+    r.cached.reserve(std::min<std::size_t>(draft_->max_context(), prompt.size() + 4096));
+  }
+
+  //! Drafts a chain for every item (see the class comment); a failure of one request (a token
+  //! outside the draft's vocabulary, a draft row without mass) is its item's error.
+  void propose(std::span<batch_propose_item> items) {
+    std::size_t const vocab = draft_->vocab_size();
+    active_.clear();
+    segments_.clear();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      batch_propose_item& item = items[i];
+      try {
+        request& r = at(item.slot);
+        propose_context const& ctx = item.ctx;
+        SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument,
+                      "batched_draft_model_proposer: propose with no committed tokens");
+        draft_tree& tree = *item.tree;
+        tree.reset(ctx.tokens.back());
+        if constexpr (Mode == draft_mode::sample) {
+          if (tree.q_vocab() != vocab) tree.enable_q(vocab);
+        } else {
+          if (tree.has_q()) tree.enable_q(0);
+        }
+        std::size_t const t = ctx.tokens.size();
+        r.committed_at_propose = t;
+        r.drafted = 0;
+        sync(r, ctx.tokens);
+        std::size_t const capacity =
+            std::min<std::size_t>(draft_->max_context(), draft_->cache(r.draft_slot).capacity());
+        std::size_t k = std::min({config_.k, ctx.max_nodes, tree.capacity() - 1});
+        if (t > capacity) k = 0;
+        k = std::min(k, capacity + 1 - std::min(capacity + 1, t));
+        r.k = k;
+        if (k == 0) continue;
+        if constexpr (Mode == draft_mode::sample)
+          SPECDEC_CHECK(ctx.rng != nullptr, invalid_argument,
+                        "batched_draft_model_proposer: sampling drafts needs propose_context::rng");
+        std::span<token_id const> const missing = ctx.tokens.subspan(r.cached.size());
+        for (std::size_t j = 0; j < missing.size(); ++j)
+          SPECDEC_CHECK(missing[j] >= 0 && static_cast<std::size_t>(missing[j]) < vocab,
+                        out_of_range, "batched_draft_model_proposer: token ", missing[j],
+                        " at position ", r.cached.size() + j,
+                        " is outside the draft's vocabulary of ", vocab);
+        r.feed = missing;
+        r.parent = 0;
+        active_.push_back(i);
+      } catch (...) {
+        item.error = std::current_exception();
+      }
+    }
+    // Draft position by position: feed (all active requests in one forward), then draw.
+    for (std::size_t depth = 1; !active_.empty(); ++depth) {
+      forward(items);
+      next_.clear();
+      for (std::size_t s = 0; s < active_.size(); ++s) {
+        batch_propose_item& item = items[active_[s]];
+        request& r = requests_[item.slot];
+        try {
+          std::span<float const> const row = out_.logits(s).at_row(0);
+          if (depth > 1 && config_.confidence_threshold > 0.0f &&
+              detail::top_probability(row) < config_.confidence_threshold)
+            continue;
+          token_id next = no_token;
+          if constexpr (Mode == draft_mode::sample) {
+            std::span<float> const q = item.tree->q_row(r.parent);
+            policy_.distribution(row, token_history::checked(r.cached), q);
+            double total = 0.0;
+            std::size_t const index = detail::draw_index(q, item.ctx.rng->uniform(), total);
+            SPECDEC_CHECK(index != detail::no_index, numerical,
+                          "batched_draft_model_proposer: the q row under node ", r.parent,
+                          " sums to ", total, " (the policy's distribution has no positive mass)");
+            next = static_cast<token_id>(index);
+          } else {
+            next = policy_.greedy_token(row, token_history::checked(r.cached));
+          }
+          SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
+                        "batched_draft_model_proposer: the policy produced token ", next,
+                        " outside the vocabulary of ", vocab);
+          r.parent = item.tree->add_node(r.parent, next);
+          ++r.drafted;
+          if (depth < r.k) {
+            r.next = next;
+            r.feed = std::span<token_id const>(&r.next, 1);
+            next_.push_back(active_[s]);
+          }
+        } catch (...) {
+          item.error = std::current_exception();
+        }
+      }
+      std::swap(active_, next_);
+    }
+  }
+
+  //! Rolls the request's draft cache back to its committed tokens plus its accepted drafts.
+  void accept(std::size_t slot, verify_result const& result) {
+    request& r = at(slot);
+    std::size_t const keep =
+        std::min(r.cached.size(), r.committed_at_propose + result.num_accepted());
+    if (keep < r.cached.size()) {
+      draft_->cache(r.draft_slot).truncate(keep);
+      r.cached.resize(keep);
+    }
+  }
+
+  //! The request in `slot` left: its draft slot is released.
+  void end(std::size_t slot) {
+    if (slot >= requests_.size() || !requests_[slot].active) return;
+    request& r = requests_[slot];
+    r.active = false;
+    r.cached.clear();
+    draft_->release_slot(r.draft_slot);
+  }
+
+  //! The node budget: the longest chain, k.
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return config_.k; }
+  //! The draft model.
+  [[nodiscard]] DraftModel& draft() const noexcept { return *draft_; }
+  //! The configuration (validated).
+  [[nodiscard]] draft_model_config const& config() const noexcept { return config_; }
+  //! Positions held in the draft cache of the request in `slot`.
+  [[nodiscard]] std::size_t cached_positions(std::size_t slot) const {
+    SPECDEC_CHECK(slot < requests_.size() && requests_[slot].active, invalid_argument,
+                  "batched_draft_model_proposer: no request in slot ", slot);
+    return requests_[slot].cached.size();
+  }
+
+ private:
+  struct request {
+    bool active = false;
+    std::size_t draft_slot = 0;
+    std::vector<token_id> cached;  // the tokens in its draft cache, in order
+    std::size_t committed_at_propose = 0;
+    std::size_t k = 0;                  // this step's chain length
+    std::size_t drafted = 0;            // drafted this step
+    node_index parent = 0;              // the last drafted node
+    token_id next = no_token;           // the draft token to feed next
+    std::span<token_id const> feed;     // what the next forward feeds
+    std::vector<position_t> positions;  // of `feed`
+  };
+
+  request& at(std::size_t slot) {
+    SPECDEC_CHECK(slot < requests_.size() && requests_[slot].active, invalid_argument,
+                  "batched_draft_model_proposer: no request in slot ", slot);
+    return requests_[slot];
+  }
+
+  //! Cuts the request's cache back to the longest prefix it shares with `tokens`, leaving at
+  //! least the root to feed (as `draft_model_proposer` does).
+  void sync(request& r, std::span<token_id const> tokens) {
+    auto& cache = draft_->cache(r.draft_slot);
+    std::size_t const t = tokens.size();
+    if (cache.size() != r.cached.size()) {  // the cache was used or reset elsewhere
+      cache.truncate(0);
+      r.cached.clear();
+    }
+    std::size_t s = r.cached.size();
+    if (s < t && (s == 0 || r.cached[s - 1] == tokens[s - 1])) return;
+    std::size_t const limit = std::min(s, t - 1);
+    std::size_t p = 0;
+    while (p < limit && r.cached[p] == tokens[p]) ++p;
+    cache.truncate(p);
+    r.cached.resize(p);
+  }
+
+  //! One draft forward: every active request's `feed` at the positions after its cache, logits
+  //! of the last row each; the fed tokens join the caches.
+  void forward(std::span<batch_propose_item const> items) {
+    std::size_t longest = 1;
+    for (std::size_t const i : active_)
+      longest = std::max(longest, requests_[items[i].slot].feed.size());
+    if (last_rows_.size() < longest) {
+      last_rows_.resize(longest);
+      for (std::size_t j = 0; j < longest; ++j) last_rows_[j] = static_cast<std::int32_t>(j);
+    }
+    segments_.clear();
+    for (std::size_t const i : active_) {
+      request& r = requests_[items[i].slot];
+      r.positions.resize(r.feed.size());
+      for (std::size_t j = 0; j < r.feed.size(); ++j)
+        r.positions[j] = static_cast<position_t>(r.cached.size() + j);
+      segments_.push_back(
+          {.slot = r.draft_slot,
+           .tokens = r.feed,
+           .positions = r.positions,
+           .logits_rows = std::span<std::int32_t const>(last_rows_).subspan(r.feed.size() - 1, 1)});
+    }
+    draft_->forward({.segments = segments_}, out_);
+    for (std::size_t const i : active_) {
+      request& r = requests_[items[i].slot];
+      r.cached.insert(r.cached.end(), r.feed.begin(), r.feed.end());
+    }
+  }
+
+  DraftModel* draft_;
+  Policy policy_;
+  draft_model_config config_;
+  std::vector<request> requests_;           // [slot]
+  std::vector<std::size_t> active_, next_;  // items still drafting
+  std::vector<batch_segment> segments_;
+  std::vector<std::int32_t> last_rows_;  // 0, 1, 2, ...: a segment's last row is one of them
+  batch_forward_result out_;
 };
 
 }  // namespace specdec

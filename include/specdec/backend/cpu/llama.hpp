@@ -62,6 +62,45 @@ struct cpu_llama_options {
   std::size_t pack_limit = std::size_t{64} << 20;
 };
 
+class cpu_llama;
+
+//! The state of one sequence a `cpu_llama` scores: its KV cache and, in AVX-512 builds for heads
+//! of 8 floats, the cache's keys and values kept transposed per layer for attention. A model holds
+//! one of its own (`cpu_llama::cache()`); `cpu_llama::make_sequence` makes more, which a
+//! multi-sequence forward (`cpu_llama::forward` over `cpu_llama_segment`s) scores together. A
+//! sequence fits every model of the same shape (layers, key/value width, context). Memory grows
+//! with the positions in use, as for the model's own sequence.
+class cpu_llama_sequence {
+ public:
+  //! No cache: unusable in a forward until assigned one made by `cpu_llama::make_sequence`.
+  cpu_llama_sequence() = default;
+
+  //! The sequence's KV cache: truncate / keep_path it to commit speculation.
+  [[nodiscard]] contiguous_cache& cache() noexcept { return cache_; }
+  //! The sequence's KV cache, read-only.
+  [[nodiscard]] contiguous_cache const& cache() const noexcept { return cache_; }
+  //! Positions the sequence's buffers (KV cache, transposed copy) hold in memory now.
+  [[nodiscard]] std::size_t reserved() const noexcept { return rows_; }
+
+ private:
+  friend class cpu_llama;
+
+  contiguous_cache cache_;
+  detail::cpu::aligned_floats kt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed keys
+  detail::cpu::aligned_floats vt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed values
+  std::vector<std::size_t> transposed_rows_;  // [n_layers] leading cache rows kt_/vt_ hold
+  std::size_t rows_ = 0;                      // positions held in memory (see reserved())
+  std::size_t lcap_ = 0;                      // rows_ rounded up to 16: a transposed row's room
+};
+
+//! One sequence's part of a multi-sequence `cpu_llama::forward`: its tokens, positions, mask and
+//! logits rows (`request`, as a single-sequence forward takes them; its mask covers the segment's
+//! own tokens: a sequence never sees another's) scored against `sequence`'s cache.
+struct cpu_llama_segment {
+  cpu_llama_sequence* sequence = nullptr;  //!< the sequence scored (not null)
+  forward_request request;                 //!< its tokens, as for a single-sequence forward
+};
+
 //! A Llama-architecture causal language model on the CPU: RMSNorm, RoPE (interleaved pairs),
 //! grouped-query attention, SwiGLU, tied or untied classifier, all float32.
 //!
@@ -69,6 +108,13 @@ struct cpu_llama_options {
 //! visibility mask (tree attention) and appends the batch's keys and values to the cache in batch
 //! order. The weights are shared (read-only) and can back several models, each with its own
 //! cache; for example a self-speculative draft that skips layers. One forward at a time per model.
+//!
+//! Several sequences at once: `forward` over `cpu_llama_segment`s scores each segment against its
+//! own `cpu_llama_sequence` (made by `make_sequence`) in ONE pass over the weights: the rows of
+//! every segment go through each layer's matrix products together, and attention runs per
+//! sequence against its own cache. A sequence's rows come out bit for bit as a single-sequence
+//! forward of the same request gives them (the kernels are batch-invariant), whatever else is in
+//! the batch. `cpu_batched_llama` (backend/cpu/batched_llama.hpp) manages such sequences as slots.
 //!
 //! Memory that grows with the context (the KV cache, its transposed copy, the RoPE table, the
 //! attention scratch) is allocated on demand: a forward that needs more positions than are held
@@ -106,13 +152,13 @@ class cpu_llama {
                     "cpu_llama: threads is ", options.threads, ", need 1 to 1024");
       pool_ = thread_pool::shared(options.threads);
     }
-    cache_ = contiguous_cache(n_layers_, kv_dim_, max_context_);  // allocates nothing yet
     std::size_t const chunk = detail::cpu::value_chunk;
     if (chunk != 0 && head_size_ % chunk == 0)
       heads_per_task_ =
           std::max<std::size_t>(1, detail::cpu::max_value_accumulators / (head_size_ / chunk));
     heads_per_task_ = std::min(heads_per_task_, n_heads_);
-    if (transposed_heads()) transposed_rows_.assign(n_layers_, 0);
+    seq_ = make_sequence();  // allocates nothing yet
+    segs_.reserve(1);
     if (matrix_bytes() <= options.pack_limit) pack();
     grow(std::max<std::size_t>(1, options.batch_capacity));
   }
@@ -128,54 +174,88 @@ class cpu_llama {
   //! Positions the cache can hold; every request position must be below it.
   [[nodiscard]] std::size_t max_context() const noexcept { return max_context_; }
   //! Positions the context buffers (KV cache, transposed copy, RoPE table) hold in memory now.
-  [[nodiscard]] std::size_t reserved() const noexcept { return rows_; }
+  [[nodiscard]] std::size_t reserved() const noexcept { return seq_.rows_; }
 
   //! Bytes the context buffers take for `positions` positions: the KV cache, its transposed copy
   //! (AVX-512 builds, heads of 8), the RoPE table and the attention scratch.
   [[nodiscard]] std::uint64_t context_bytes(std::size_t positions) const noexcept {
+    return sequence_bytes(positions) + shared_bytes(positions);
+  }
+
+  //! Bytes a sequence's own buffers take for `positions` positions: its KV cache and its
+  //! transposed copy (AVX-512 builds, heads of 8).
+  [[nodiscard]] std::uint64_t sequence_bytes(std::size_t positions) const noexcept {
     std::uint64_t const rows = round_rows(positions);
-    std::uint64_t floats = rows * head_size_;                                     // RoPE
-    floats += pool_->size() * (transposed_heads() ? 1 : heads_per_task_) * rows;  // scores
-    if (transposed_heads()) floats += 2 * n_layers_ * kv_dim_ * rows;
-    return cache_.bytes_for(positions) + floats * sizeof(float);
+    std::uint64_t const floats = transposed_heads() ? 2 * n_layers_ * kv_dim_ * rows : 0;
+    return seq_.cache_.bytes_for(positions) + floats * sizeof(float);
   }
 
   //! Holds min(`positions`, max_context()) positions in memory (see the class comment), keeping
   //! the cache's contents. Checks the memory first and throws `errc::out_of_memory` ("a context
   //! of N positions needs X: ... but only Y is available"), changing nothing, when it is not there.
-  void reserve(std::size_t positions) {
+  void reserve(std::size_t positions) { reserve(seq_, positions); }
+
+  //! `reserve` for `sequence` (made by `make_sequence`): its own buffers, and the model's buffers
+  //! indexed by position (RoPE table, attention scratch), which serve every sequence and grow to
+  //! at least twice as many positions when they grow. Throws `errc::invalid_argument` for a
+  //! sequence of another shape.
+  void reserve(cpu_llama_sequence& sequence, std::size_t positions) {
+    check_sequence(sequence, "cpu_llama::reserve");
     positions = std::min(positions, max_context_);
-    if (positions <= rows_) return;
-    std::uint64_t const extra = context_bytes(positions) - context_bytes(rows_);
+    bool const grow_sequence = positions > sequence.rows_;
+    bool const grow_shared = positions > shared_rows_;
+    if (!grow_sequence && !grow_shared) return;
+    std::size_t const shared_positions =
+        grow_shared ? std::max(positions, std::min(max_context_, 2 * shared_rows_)) : shared_rows_;
+    std::uint64_t const extra =
+        (grow_sequence ? sequence_bytes(positions) - sequence_bytes(sequence.rows_) : 0) +
+        (grow_shared ? shared_bytes(shared_positions) - shared_bytes(shared_rows_) : 0);
     detail::check_memory(
         extra, "cpu_llama",
         detail::concat("a context of ", positions, " positions (KV cache of ", n_layers_,
                        " layers x 2 x ", kv_dim_, " floats per position",
                        transposed_heads() ? ", kept twice" : "", ", RoPE table, scratch)"));
-    cache_.reserve(positions);
+    if (grow_sequence) sequence.cache_.reserve(positions);
     detail::allocate_checked(extra, "cpu_llama", "the RoPE table and attention scratch", [&] {
       // Everything is allocated before anything changes.
       std::size_t const lcap = round_rows(positions);
-      std::size_t const per_thread = (transposed_heads() ? 1 : heads_per_task_) * lcap;
-      std::vector<float> scores(pool_->size() * per_thread);
+      std::size_t const shared_cap = round_rows(shared_positions);
+      std::size_t const per_thread = (transposed_heads() ? 1 : heads_per_task_) * shared_cap;
+      std::vector<float> scores;
+      if (grow_shared) scores.resize(pool_->size() * per_thread);
       detail::cpu::aligned_floats kt, vt;
-      if (transposed_heads()) {
+      if (grow_sequence && transposed_heads()) {
         kt = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap);
         vt = detail::cpu::aligned_floats(n_layers_ * kv_dim_ * lcap);
       }
-      rope_.reserve(positions * head_size_);
-      grow_rope(positions);
-      scores_ = std::move(scores);
-      scores_per_thread_ = per_thread;
-      if (transposed_heads()) {
-        // A new layout: the copies are refreshed from the cache by the next forward.
-        kt_ = std::move(kt);
-        vt_ = std::move(vt);
-        transposed_rows_.assign(n_layers_, 0);
+      if (grow_shared) {
+        rope_.reserve(shared_positions * head_size_);
+        grow_rope(shared_positions);
+        scores_ = std::move(scores);
+        scores_per_thread_ = per_thread;
+        score_stride_ = shared_cap;
+        shared_rows_ = shared_positions;
       }
-      lcap_ = lcap;
+      if (grow_sequence) {
+        if (transposed_heads()) {
+          // A new layout: the copies are refreshed from the cache by the next forward.
+          sequence.kt_ = std::move(kt);
+          sequence.vt_ = std::move(vt);
+          sequence.transposed_rows_.assign(n_layers_, 0);
+        }
+        sequence.lcap_ = lcap;
+        sequence.rows_ = positions;
+      }
     });
-    rows_ = positions;
+  }
+
+  //! A new sequence for this model (and every model of the same shape): an empty cache of
+  //! `max_context()` positions, none held in memory yet.
+  [[nodiscard]] cpu_llama_sequence make_sequence() const {
+    cpu_llama_sequence s;
+    s.cache_ = contiguous_cache(n_layers_, kv_dim_, max_context_);  // allocates nothing yet
+    if (transposed_heads()) s.transposed_rows_.assign(n_layers_, 0);
+    return s;
   }
   //! Width of the residual stream (hidden rows).
   [[nodiscard]] std::size_t hidden_size() const noexcept { return dim_; }
@@ -196,11 +276,11 @@ class cpu_llama {
   [[nodiscard]] bool packed() const noexcept { return !packed_.empty(); }
 
   //! The KV cache: truncate / keep_path it to commit speculation.
-  [[nodiscard]] contiguous_cache& cache() noexcept { return cache_; }
+  [[nodiscard]] contiguous_cache& cache() noexcept { return seq_.cache_; }
   //! The KV cache, read-only.
-  [[nodiscard]] contiguous_cache const& cache() const noexcept { return cache_; }
+  [[nodiscard]] contiguous_cache const& cache() const noexcept { return seq_.cache_; }
   //! Empties the cache (a new sequence).
-  void reset() noexcept { cache_.clear(); }
+  void reset() noexcept { seq_.cache_.clear(); }
 
   //! Scores `req` against the cache, appends the batch's keys and values to it, and fills `out`
   //! (see `forward_request`, `forward_result`). Throws `specdec::error`, leaving the cache and
@@ -208,23 +288,86 @@ class cpu_llama {
   //! not let a token see itself; hidden layers or skip_layers outside the model's layers) and
   //! `errc::context_overflow` when the cache cannot take the batch.
   void forward(forward_request const& req, forward_result& out) {
-    validate(req);
-    std::size_t const n = req.tokens.size();
-    std::size_t needed = cache_.size() + n;  // cache rows, and RoPE rows for every position
-    for (position_t p : req.positions) needed = std::max(needed, static_cast<std::size_t>(p) + 1);
-    if (needed > rows_) reserve(std::max(needed, 2 * rows_));
+    cpu_llama_segment const one{&seq_, req};
+    forward(std::span<cpu_llama_segment const>(&one, 1), out);
+  }
+
+  //! Scores several sequences in one pass over the weights (see the class comment): segment s's
+  //! request against its sequence's cache, as a single-sequence forward of that request against
+  //! that cache would (the same bits), appending its keys and values to that cache. `out.logits`
+  //! holds the logits rows of every segment one after the other (segment s's `logits_rows`, or
+  //! all its rows when empty, in request order). `want_hidden`, `hidden_layer` and `skip_layers`
+  //! apply to the whole batch, so every segment must give the same ones; hidden rows are those of
+  //! every batch row, segment after segment. Throws `specdec::error`, leaving every cache and
+  //! `out` untouched: `errc::invalid_argument` for no segment, a null sequence or one given
+  //! twice, a sequence made for another shape, or segments that disagree on the batch-wide
+  //! fields; for a malformed segment request or one its cache cannot take, the single-sequence
+  //! forward's error prefixed with "segment s: " (when there are several).
+  void forward(std::span<cpu_llama_segment const> segments, forward_result& out) {
+    SPECDEC_CHECK(!segments.empty(), invalid_argument, "cpu_llama::forward: no segments");
+    std::size_t const count = segments.size();
+    forward_request const& first = segments[0].request;
+    std::size_t n = 0, m = 0;
+    for (std::size_t s = 0; s < count; ++s) {
+      cpu_llama_sequence const* const q = segments[s].sequence;
+      forward_request const& req = segments[s].request;
+      SPECDEC_CHECK(q != nullptr, invalid_argument, "cpu_llama::forward: segment ", s,
+                    " has no sequence");
+      check_sequence(*q, "cpu_llama::forward");
+      for (std::size_t j = 0; j < s; ++j)
+        SPECDEC_CHECK(segments[j].sequence != q, invalid_argument, "cpu_llama::forward: segments ",
+                      j, " and ", s, " score the same sequence");
+      if (count == 1) {
+        validate(req, q->cache_);
+      } else {
+        try {
+          validate(req, q->cache_);
+        } catch (error const& e) {
+          throw detail::with_context(e, detail::concat("segment ", s, ": "));
+        }
+      }
+      SPECDEC_CHECK(req.want_hidden == first.want_hidden &&
+                        req.hidden_layer == first.hidden_layer &&
+                        std::ranges::equal(req.hidden_layers, first.hidden_layers) &&
+                        std::equal(req.skip_layers.begin(), req.skip_layers.end(),
+                                   first.skip_layers.begin(), first.skip_layers.end()),
+                    invalid_argument, "cpu_llama::forward: segment ", s,
+                    " asks for other hidden rows or skipped layers than segment 0 (they apply to "
+                    "the whole batch)");
+      n += req.tokens.size();
+      m += req.logits_rows.empty() ? req.tokens.size() : req.logits_rows.size();
+    }
+    for (std::size_t s = 0; s < count; ++s) {
+      cpu_llama_sequence& q = *segments[s].sequence;
+      forward_request const& req = segments[s].request;
+      std::size_t needed = q.cache_.size() + req.tokens.size();  // cache rows, RoPE rows
+      for (position_t p : req.positions) needed = std::max(needed, static_cast<std::size_t>(p) + 1);
+      if (needed > q.rows_ || needed > shared_rows_)
+        reserve(q, std::max(needed, needed > q.rows_ ? 2 * q.rows_ : 0));
+    }
     if (n > batch_capacity_) grow(n);
-    std::size_t const m = req.logits_rows.empty() ? n : req.logits_rows.size();
+    segs_.resize(count);
     out.vocab = vocab_;
     out.hidden_size = dim_;
     out.logits.resize(m * vocab_);
-    out.hidden.resize(req.want_hidden ? n * dim_ : 0);
-    out.layer_count = req.requested_layers().size();
+    out.hidden.resize(first.want_hidden ? n * dim_ : 0);
+    out.layer_count = first.requested_layers().size();
     out.layer_hidden.resize(n * out.layer_count * dim_);
     out.logits_count = m;
-    std::size_t const past = cache_.append(n);  // throws context_overflow before any change
-    run(req, past, out);
-    cache_.mark_unchanged();
+    std::size_t row = 0;
+    for (std::size_t s = 0; s < count; ++s) {
+      cpu_llama_sequence& q = *segments[s].sequence;
+      forward_request const& req = segments[s].request;
+      // The room was checked and the rows reserved above: appending cannot fail.
+      segs_[s] = segment{.sequence = &q,
+                         .req = &req,
+                         .past = q.cache_.append(req.tokens.size()),
+                         .first = row,
+                         .visible_rows = 0};
+      row += req.tokens.size();
+    }
+    run(n, first, out);
+    for (segment const& g : segs_) g.sequence->cache_.mark_unchanged();
   }
 
  private:
@@ -251,11 +394,11 @@ class cpu_llama {
     }
   }
 
-  void validate(forward_request const& req) const {
+  void validate(forward_request const& req, contiguous_cache const& cache) const {
     req.validate(vocab_, max_context_);
     std::size_t const n = req.tokens.size();
-    SPECDEC_CHECK(n <= cache_.room(), context_overflow, "cpu_llama::forward: a batch of ", n,
-                  " tokens does not fit the cache (", cache_.size(), " of ", cache_.capacity(),
+    SPECDEC_CHECK(n <= cache.room(), context_overflow, "cpu_llama::forward: a batch of ", n,
+                  " tokens does not fit the cache (", cache.size(), " of ", cache.capacity(),
                   " positions used)");
     SPECDEC_CHECK(req.hidden_layer >= -1 && req.hidden_layer < static_cast<std::int32_t>(n_layers_),
                   out_of_range, "cpu_llama::forward: hidden_layer ", req.hidden_layer,
@@ -279,6 +422,35 @@ class cpu_llama {
   [[nodiscard]] static std::size_t round_rows(std::size_t positions) noexcept {
     return (positions + 15) / 16 * 16;
   }
+
+  // Bytes of the model's buffers indexed by position (RoPE table, attention scratch) for
+  // `positions`.
+  [[nodiscard]] std::uint64_t shared_bytes(std::size_t positions) const noexcept {
+    std::uint64_t const rows = round_rows(positions);
+    std::uint64_t floats = rows * head_size_;                                     // RoPE
+    floats += pool_->size() * (transposed_heads() ? 1 : heads_per_task_) * rows;  // scores
+    return floats * sizeof(float);
+  }
+
+  // Throws errc::invalid_argument when `sequence` was not made for a model of this shape.
+  void check_sequence(cpu_llama_sequence const& sequence, char const* who) const {
+    contiguous_cache const& c = sequence.cache_;
+    SPECDEC_CHECK(c.n_layers() == n_layers_ && c.kv_dim() == kv_dim_ &&
+                      c.capacity() == max_context_ &&
+                      sequence.transposed_rows_.size() == (transposed_heads() ? n_layers_ : 0),
+                  invalid_argument, who, ": the sequence (", c.n_layers(), " layers x ", c.kv_dim(),
+                  " floats, ", c.capacity(), " positions) was not made for this model (", n_layers_,
+                  " layers x ", kv_dim_, " floats, ", max_context_, " positions)");
+  }
+
+  // One segment of the forward in progress.
+  struct segment {
+    cpu_llama_sequence* sequence = nullptr;
+    forward_request const* req = nullptr;
+    std::size_t past = 0;          // cache rows before the segment's
+    std::size_t first = 0;         // its first batch row
+    std::size_t visible_rows = 0;  // max over its rows of visible_end_
+  };
 
   // Extends the RoPE table to `positions` rows: [positions, head_size / 2] (cos, sin) pairs,
   // each computed in double from its position alone.
@@ -324,8 +496,10 @@ class cpu_llama {
     att_.resize(n * dim_);
     hb_.resize(n * hidden_dim_);
     if (!packed()) hb2_.resize(n * hidden_dim_);
+    if (!packed()) kv_.resize(n * 2 * kv_dim_);
     gather_.resize(n * dim_);
     visible_end_.resize(n);
+    row_segment_.resize(n);
     runs_.resize(pool_->size() * (n + 1));
     if (transposed_heads()) {
       tail_blocks_ = (n + 31) / 16;
@@ -358,39 +532,46 @@ class cpu_llama {
     });
   }
 
-  void run(forward_request const& req, std::size_t past, forward_result& out) noexcept {
+  // The forward of the n rows of the segments in segs_ (batch: the batch-wide fields).
+  void run(std::size_t n, forward_request const& batch, forward_result& out) noexcept {
     namespace k = detail::cpu;
     llama_weights const& w = *weights_;
     float const eps = w.config.rms_eps;
-    std::size_t const n = req.tokens.size();
 
-    // Embeddings.
-    for (std::size_t t = 0; t < n; ++t)
-      std::memcpy(x_.data() + t * dim_,
-                  w.token_embedding + static_cast<std::size_t>(req.tokens[t]) * dim_,
-                  dim_ * sizeof(float));
-    // Per token, one past the last batch token it sees (attention scores no row after it).
-    visible_rows_ = 0;
-    for (std::size_t t = 0; t < n; ++t) {
-      visible_end_[t] = last_visible(req, t) + 1;
-      visible_rows_ = std::max(visible_rows_, visible_end_[t]);
+    // Embeddings. Per token, one past the last token of its segment it sees (attention scores no
+    // row after it).
+    bool all_logits = true;  // every row of every segment needs logits
+    for (std::size_t s = 0; s < segs_.size(); ++s) {
+      segment& g = segs_[s];
+      forward_request const& req = *g.req;
+      all_logits = all_logits && req.logits_rows.empty();
+      g.visible_rows = 0;
+      for (std::size_t i = 0; i < req.tokens.size(); ++i) {
+        std::size_t const t = g.first + i;
+        std::memcpy(x_.data() + t * dim_,
+                    w.token_embedding + static_cast<std::size_t>(req.tokens[i]) * dim_,
+                    dim_ * sizeof(float));
+        row_segment_[t] = s;
+        visible_end_[t] = last_visible(req, i) + 1;
+        g.visible_rows = std::max(g.visible_rows, visible_end_[t]);
+      }
     }
 
     std::size_t skip_at = 0;
     for (std::size_t l = 0; l < n_layers_; ++l) {
       bool skip = false;
-      if (skip_at < req.skip_layers.size() &&
-          static_cast<std::size_t>(req.skip_layers[skip_at]) == l) {
+      if (skip_at < batch.skip_layers.size() &&
+          static_cast<std::size_t>(batch.skip_layers[skip_at]) == l) {
         skip = true;
         ++skip_at;
       }
       if (!skip) {
         if (packed())
-          layer_packed(l, req, past);
+          layer_packed(l, n);
         else
-          layer(l, req, past);
+          layer(l, n);
       }
-      std::span<std::int32_t const> const wanted = req.requested_layers();
+      std::span<std::int32_t const> const wanted = batch.requested_layers();
       for (std::size_t j = 0; j < wanted.size(); ++j) {
         if (static_cast<std::size_t>(wanted[j]) != l) continue;
         for (std::size_t t = 0; t < n; ++t)
@@ -402,15 +583,22 @@ class cpu_llama {
     // Final norm, hidden rows, classifier rows.
     for (std::size_t t = 0; t < n; ++t)
       k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, w.rms_final, dim_, eps);
-    if (req.want_hidden) std::memcpy(out.hidden.data(), xb_.data(), n * dim_ * sizeof(float));
+    if (batch.want_hidden) std::memcpy(out.hidden.data(), xb_.data(), n * dim_ * sizeof(float));
     float const* rows = xb_.data();
     std::size_t m = n;
-    if (!req.logits_rows.empty()) {
-      m = req.logits_rows.size();
-      for (std::size_t i = 0; i < m; ++i)
-        std::memcpy(gather_.data() + i * dim_,
-                    xb_.data() + static_cast<std::size_t>(req.logits_rows[i]) * dim_,
-                    dim_ * sizeof(float));
+    if (!all_logits) {
+      m = 0;
+      auto const take = [&](std::size_t row) {
+        std::memcpy(gather_.data() + m++ * dim_, xb_.data() + row * dim_, dim_ * sizeof(float));
+      };
+      for (segment const& g : segs_) {
+        if (g.req->logits_rows.empty()) {
+          for (std::size_t i = 0; i < g.req->tokens.size(); ++i) take(g.first + i);
+        } else {
+          for (std::int32_t const r : g.req->logits_rows)
+            take(g.first + static_cast<std::size_t>(r));
+        }
+      }
       rows = gather_.data();
     }
     float* const logits = out.logits.data();
@@ -437,38 +625,49 @@ class cpu_llama {
   }
 
   // A layer with the weights in place (large models).
-  void layer(std::size_t l, forward_request const& req, std::size_t past) noexcept {
+  void layer(std::size_t l, std::size_t n) noexcept {
     namespace k = detail::cpu;
     llama_layer_weights const& lw = weights_->layers[l];
     float const eps = weights_->config.rms_eps;
-    std::size_t const n = req.tokens.size();
-    float* const kc = cache_.keys(l);
-    float* const vc = cache_.values(l);
+    // One segment: k and v straight into its cache rows; several: into kv_, then each segment's
+    // rows into its own cache.
+    bool const direct = segs_.size() == 1;
+    float* const kd =
+        direct ? segs_[0].sequence->cache_.keys(l) + segs_[0].past * kv_dim_ : kv_.data();
+    float* const vd = direct ? segs_[0].sequence->cache_.values(l) + segs_[0].past * kv_dim_
+                             : kv_.data() + kv_dim_;
+    std::size_t const ld = direct ? kv_dim_ : 2 * kv_dim_;
 
-    // Attention block: norm, q/k/v projections (k and v straight into the cache rows).
+    // Attention block: norm, q/k/v projections.
     for (std::size_t t = 0; t < n; ++t)
       k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
     std::size_t const qkv_rows = dim_ + 2 * kv_dim_;
     split_rows(qkv_rows, k::tile_rows, qkv_rows * dim_ * n, [&](std::size_t r0, std::size_t r1) {
-      auto segment = [&](float const* wt, std::size_t first, std::size_t count, float* y,
-                         std::size_t ldy) {
+      auto block = [&](float const* wt, std::size_t first, std::size_t count, float* y,
+                       std::size_t ldy) {
         std::size_t const b = std::max(r0, first), e = std::min(r1, first + count);
         if (b < e)
           k::gemm_nt(wt, dim_, b - first, e - first, xb_.data(), dim_, n, dim_, y, ldy, false);
       };
-      segment(lw.wq, 0, dim_, q_.data(), dim_);
-      segment(lw.wk, dim_, kv_dim_, kc + past * kv_dim_, kv_dim_);
-      segment(lw.wv, dim_ + kv_dim_, kv_dim_, vc + past * kv_dim_, kv_dim_);
+      block(lw.wq, 0, dim_, q_.data(), dim_);
+      block(lw.wk, dim_, kv_dim_, kd, ld);
+      block(lw.wv, dim_ + kv_dim_, kv_dim_, vd, ld);
     });
     for (std::size_t t = 0; t < n; ++t) {
+      segment const& g = segs_[row_segment_[t]];
       float const* const cs =
-          rope_.data() + static_cast<std::size_t>(req.positions[t]) * head_size_;
+          rope_.data() + static_cast<std::size_t>(g.req->positions[t - g.first]) * head_size_;
       k::rope(q_.data() + t * dim_, n_heads_, head_size_, cs);
-      k::rope(kc + (past + t) * kv_dim_, n_kv_heads_, head_size_, cs);
+      k::rope(kd + t * ld, n_kv_heads_, head_size_, cs);
+      if (!direct) {
+        std::size_t const at = (g.past + t - g.first) * kv_dim_;
+        std::memcpy(g.sequence->cache_.keys(l) + at, kd + t * ld, kv_dim_ * sizeof(float));
+        std::memcpy(g.sequence->cache_.values(l) + at, vd + t * ld, kv_dim_ * sizeof(float));
+      }
     }
     q_base_ = q_.data();
     q_ld_ = dim_;
-    attention(l, req, past, kc, vc);
+    attention(l, n);
 
     // Output projection, added to the residual stream.
     split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
@@ -496,31 +695,30 @@ class cpu_llama {
 
   // A layer with repacked weights (small models): q, k and v in one product, then RoPE and the
   // copy of k and v into the cache rows; gate and up in one product with SwiGLU applied.
-  void layer_packed(std::size_t l, forward_request const& req, std::size_t past) noexcept {
+  void layer_packed(std::size_t l, std::size_t n) noexcept {
     namespace k = detail::cpu;
     packed_layer const& pl = packed_[l];
     llama_layer_weights const& lw = weights_->layers[l];
     float const eps = weights_->config.rms_eps;
-    std::size_t const n = req.tokens.size();
-    float* const kc = cache_.keys(l);
-    float* const vc = cache_.values(l);
     std::size_t const ld = dim_ + 2 * kv_dim_;
 
     for (std::size_t t = 0; t < n; ++t)
       k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
     packed_product<k::panel_op::store>(pl.qkv, xb_.data(), dim_, n, qkv_.data(), ld);
     for (std::size_t t = 0; t < n; ++t) {
+      segment const& g = segs_[row_segment_[t]];
       float* const row = qkv_.data() + t * ld;
       float const* const cs =
-          rope_.data() + static_cast<std::size_t>(req.positions[t]) * head_size_;
+          rope_.data() + static_cast<std::size_t>(g.req->positions[t - g.first]) * head_size_;
       k::rope(row, n_heads_, head_size_, cs);
       k::rope(row + dim_, n_kv_heads_, head_size_, cs);
-      std::memcpy(kc + (past + t) * kv_dim_, row + dim_, kv_dim_ * sizeof(float));
-      std::memcpy(vc + (past + t) * kv_dim_, row + dim_ + kv_dim_, kv_dim_ * sizeof(float));
+      std::size_t const at = (g.past + t - g.first) * kv_dim_;
+      std::memcpy(g.sequence->cache_.keys(l) + at, row + dim_, kv_dim_ * sizeof(float));
+      std::memcpy(g.sequence->cache_.values(l) + at, row + dim_ + kv_dim_, kv_dim_ * sizeof(float));
     }
     q_base_ = qkv_.data();
     q_ld_ = ld;
-    attention(l, req, past, kc, vc);
+    attention(l, n);
 
     packed_product<k::panel_op::add>(pl.wo, att_.data(), dim_, n, x_.data(), dim_);
     for (std::size_t t = 0; t < n; ++t)
@@ -529,40 +727,44 @@ class cpu_llama {
     packed_product<k::panel_op::add>(pl.w2, hb_.data(), hidden_dim_, n, x_.data(), dim_);
   }
 
-  // Attention of every batch token over the cache rows it sees; writes att_. Heads of 8 floats
-  // (AVX-512): keys and values kept transposed per layer (refreshed from the first changed row),
-  // then one task per (kv head, token).
+  // Attention of every batch token over the cache rows it sees, in its own segment's sequence;
+  // writes att_. Heads of 8 floats (AVX-512): keys and values kept transposed per layer and
+  // sequence (refreshed from the first changed row), then one task per (kv head, token).
   // Otherwise one task per (token, group of heads_per_task_ heads).
-  void attention(std::size_t l, forward_request const& req, std::size_t past, float const* kc,
-                 float const* vc) noexcept {
-    std::size_t const n = req.tokens.size();
-    std::size_t const work = n * n_heads_ * (past + visible_rows_) * head_size_ * 2;
+  void attention(std::size_t l, std::size_t n) noexcept {
+    std::size_t work = 0;
+    for (segment const& sg : segs_)
+      work += sg.req->tokens.size() * n_heads_ * (sg.past + sg.visible_rows) * head_size_ * 2;
     if (transposed_heads()) {
-      // The layer's transposed copy is kept across forwards: refresh it from the block holding
-      // its first row that is new or changed.
-      std::size_t const from = std::min(transposed_rows_[l], cache_.unchanged_rows()) / 16 * 16;
-      std::size_t const rows = past + visible_rows_;
-      float* const kt = kt_.data() + l * kv_dim_ * lcap_;
-      float* const vt = vt_.data() + l * kv_dim_ * lcap_;
-      if (from < rows) {
-        for (std::size_t g = 0; g < n_kv_heads_; ++g) {
-          detail::cpu::transpose_rows8(kc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
-                                       kt + g * lcap_ * 8 + from * 8);
-          detail::cpu::transpose_rows8(vc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
-                                       vt + g * lcap_ * 8 + from * 8);
+      // Each sequence's transposed copy of the layer is kept across forwards: refresh it from the
+      // block holding its first row that is new or changed.
+      for (segment const& sg : segs_) {
+        cpu_llama_sequence& q = *sg.sequence;
+        std::size_t const from =
+            std::min(q.transposed_rows_[l], q.cache_.unchanged_rows()) / 16 * 16;
+        std::size_t const rows = sg.past + sg.visible_rows;
+        float const* const kc = q.cache_.keys(l);
+        float const* const vc = q.cache_.values(l);
+        float* const kt = q.kt_.data() + l * kv_dim_ * q.lcap_;
+        float* const vt = q.vt_.data() + l * kv_dim_ * q.lcap_;
+        if (from < rows) {
+          for (std::size_t g = 0; g < n_kv_heads_; ++g) {
+            detail::cpu::transpose_rows8(kc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
+                                         kt + g * q.lcap_ * 8 + from * 8);
+            detail::cpu::transpose_rows8(vc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
+                                         vt + g * q.lcap_ * 8 + from * 8);
+          }
         }
+        q.transposed_rows_[l] = rows;
       }
-      transposed_rows_[l] = rows;
       pool_task_split(n_kv_heads_ * n, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
-        for (std::size_t task = b; task < e; ++task)
-          attend8(task / n, task % n, thread, req, past, vc, kt, vt);
+        for (std::size_t task = b; task < e; ++task) attend8(task / n, task % n, thread, l);
       });
       return;
     }
     std::size_t const groups = (n_heads_ + heads_per_task_ - 1) / heads_per_task_;
     pool_task_split(n * groups, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
-      for (std::size_t task = b; task < e; ++task)
-        attend(task / groups, task % groups, thread, req, past, kc, vc);
+      for (std::size_t task = b; task < e; ++task) attend(task / groups, task % groups, thread, l);
     });
   }
 
@@ -617,14 +819,19 @@ class cpu_llama {
   // values transposed): scores from the layer's transposed keys `kt`, then softmax and values in
   // one pass over its transposed values `vt` (and, for a sequence that leaves the cache order, its
   // tail gathered from the cache values `vc` and transposed here).
-  void attend8(std::size_t g, std::size_t t, std::size_t thread, forward_request const& req,
-               std::size_t past, float const* vc, float const* kt, float const* vt) noexcept {
+  void attend8(std::size_t g, std::size_t t, std::size_t thread, std::size_t l) noexcept {
     namespace k = detail::cpu;
+    segment const& sg = segs_[row_segment_[t]];
+    cpu_llama_sequence const& q = *sg.sequence;
+    float const* const vc = q.cache_.values(l);
+    float const* const kt = q.kt_.data() + l * kv_dim_ * q.lcap_;
+    float const* const vt = q.vt_.data() + l * kv_dim_ * q.lcap_;
+    std::size_t const lcap = q.lcap_;
     std::size_t const per_kv = n_heads_ / n_kv_heads_;
     float* const scores = scores_.data() + thread * scores_per_thread_;
     k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
     std::size_t length = 0;
-    std::size_t const n_runs = sequence(t, req, past, runs, length);
+    std::size_t const n_runs = sequence(t - sg.first, *sg.req, sg.past, runs, length);
     bool const compacted = n_runs > 1 || runs[0].row != 0;  // the sequence is not [0, length)
     // Blocks [0, from) of the sequence are cache rows at their own index (the shared transposed
     // values); the others are gathered and transposed here.
@@ -646,68 +853,69 @@ class cpu_llama {
         k::transpose_gather8(rows, tail + (b - from) * 128);
       }
     }
-    std::size_t const end = past + visible_end_[t];
+    std::size_t const end = sg.past + visible_end_[t];
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
     for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
-      float top = k::scores8(q_base_ + t * q_ld_ + h * 8, kt + g * lcap_ * 8, end, scale, scores);
+      float top = k::scores8(q_base_ + t * q_ld_ + h * 8, kt + g * lcap * 8, end, scale, scores);
       if (compacted) {
         k::compact_scores(scores, runs, n_runs);
         top = k::row_max(scores, length);
       }
-      k::softmax_values8(scores, length, top, vt + g * lcap_ * 8, from, tail,
+      k::softmax_values8(scores, length, top, vt + g * lcap * 8, from, tail,
                          att_.data() + t * dim_ + h * 8);
     }
   }
 
-  // Attention of batch token t, heads [group * heads_per_task_, ...) (any head size): over its
-  // virtual sequence (`detail::cpu::attend_heads`).
-  void attend(std::size_t t, std::size_t group, std::size_t thread, forward_request const& req,
-              std::size_t past, float const* kc, float const* vc) noexcept {
+  // Attention of batch token t, heads [group * heads_per_task_, ...) (any head size), layer l: over
+  // its virtual sequence in its own segment's cache (`detail::cpu::attend_heads`).
+  void attend(std::size_t t, std::size_t group, std::size_t thread, std::size_t l) noexcept {
     namespace k = detail::cpu;
+    segment const& sg = segs_[row_segment_[t]];
+    float const* const kc = sg.sequence->cache_.keys(l);
+    float const* const vc = sg.sequence->cache_.values(l);
     float* const scores = scores_.data() + thread * scores_per_thread_;
     k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
     std::size_t length = 0;
-    std::size_t const n_runs = sequence(t, req, past, runs, length);
+    std::size_t const n_runs = sequence(t - sg.first, *sg.req, sg.past, runs, length);
     std::size_t const h0 = group * heads_per_task_;
     std::size_t const h1 = std::min(n_heads_, h0 + heads_per_task_);
     k::attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, n_heads_ / n_kv_heads_, h0,
-                    h1, past + visible_end_[t], runs, n_runs, length, scores, lcap_,
+                    h1, sg.past + visible_end_[t], runs, n_runs, length, scores, score_stride_,
                     att_.data() + t * dim_);
   }
 
   std::shared_ptr<llama_weights const> weights_;
   std::shared_ptr<thread_pool> pool_;
-  contiguous_cache cache_;
+  cpu_llama_sequence seq_;  // the model's own sequence (cache())
   std::size_t dim_ = 0, hidden_dim_ = 0, n_layers_ = 0, n_heads_ = 0, n_kv_heads_ = 0;
   std::size_t head_size_ = 0, kv_dim_ = 0, vocab_ = 0, max_context_ = 0;
   std::size_t batch_capacity_ = 0;
-  std::size_t rows_ = 0;               // positions the context buffers hold (see reserved())
-  std::size_t lcap_ = 0;               // rows_ rounded up to 16: a score row's room
+  std::size_t shared_rows_ = 0;        // positions the RoPE table and the scores hold
+  std::size_t score_stride_ = 0;       // shared_rows_ rounded up to 16: a score row's room
   std::size_t heads_per_task_ = 1;     // heads of one attention task (any head size)
   std::size_t scores_per_thread_ = 0;  // floats of score rows per thread
-  std::size_t visible_rows_ = 0;       // max over the batch of visible_end_
   float const* q_base_ = nullptr;      // the current layer's queries, rows q_ld_ apart
   std::size_t q_ld_ = 0;
   std::vector<packed_layer> packed_;              // [n_layers] or empty (weights used in place)
   detail::cpu::packed_matrix packed_classifier_;  // [vocab, dim] when packed
   std::vector<float> rope_;                       // [rows, head_size]: (cos, sin) per pair
-  std::vector<float> scores_;       // [threads, heads_per_task, lcap] attention scratch
-  detail::cpu::aligned_floats kt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed keys
-  detail::cpu::aligned_floats vt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed values
-  std::vector<std::size_t> transposed_rows_;  // [n_layers] leading cache rows kt_/vt_ hold
-  std::size_t tail_blocks_ = 0;               // blocks of a gathered sequence tail per kv head
-  std::vector<float> tail_;                   // [threads, tail_blocks, 128] gathered values
-  std::vector<std::size_t> tail_rows_;        // [threads, batch + 16] cache rows of a sequence tail
-  std::vector<detail::cpu::row_run> runs_;    // [threads, batch + 1] virtual sequences
-  std::vector<float> x_;                      // [batch, dim] residual stream
-  std::vector<float> xb_;                     // [batch, dim] normed input
-  std::vector<float> q_;                      // [batch, dim] queries (weights in place)
-  std::vector<float> qkv_;                    // [batch, dim + 2 kv_dim] q, k, v (packed)
-  std::vector<float> att_;                    // [batch, dim] attention output
-  std::vector<float> hb_;                     // [batch, hidden_dim] gate, then SwiGLU
-  std::vector<float> hb2_;                    // [batch, hidden_dim] up (weights in place)
-  std::vector<float> gather_;                 // [batch, dim] rows that need logits
-  std::vector<std::size_t> visible_end_;      // [batch]
+  std::vector<float> scores_;               // [threads, heads_per_task, lcap] attention scratch
+  std::size_t tail_blocks_ = 0;             // blocks of a gathered sequence tail per kv head
+  std::vector<float> tail_;                 // [threads, tail_blocks, 128] gathered values
+  std::vector<std::size_t> tail_rows_;      // [threads, batch + 16] cache rows of a sequence tail
+  std::vector<detail::cpu::row_run> runs_;  // [threads, batch + 1] virtual sequences
+  std::vector<float> x_;                    // [batch, dim] residual stream
+  std::vector<float> xb_;                   // [batch, dim] normed input
+  std::vector<float> q_;                    // [batch, dim] queries (weights in place)
+  std::vector<float> qkv_;                  // [batch, dim + 2 kv_dim] q, k, v (packed)
+  std::vector<float> att_;                  // [batch, dim] attention output
+  std::vector<float> hb_;                   // [batch, hidden_dim] gate, then SwiGLU
+  std::vector<float> hb2_;                  // [batch, hidden_dim] up (weights in place)
+  std::vector<float> gather_;               // [batch, dim] rows that need logits
+  std::vector<float> kv_;                   // [batch, 2 kv_dim] k, v of several segments
+  std::vector<std::size_t> visible_end_;    // [batch] within the row's segment
+  std::vector<std::size_t> row_segment_;    // [batch] the segment of each row
+  std::vector<segment> segs_;               // the segments of the forward in progress
 };
 
 }  // namespace specdec

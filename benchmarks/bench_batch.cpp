@@ -1,0 +1,424 @@
+// bench_batch: batched speculative decoding for serving on the CPU (batch_decoder over
+// cpu_batched_llama): committed tokens per second of a batch of B concurrent requests, B = 1, 4,
+// 8, 16, 32, without speculation (k = 0), with a fixed draft length k = 1..6, and with the
+// adaptive policy (adaptive_speculation, at most 6), every figure against the others measured in
+// the same run.
+//
+// 1. Controlled acceptance ("controlled/batch:B"): a random-weight target of the stories110M shape
+//    (bench_e2e's: dim 768, hidden 2048, 12 layers, vocabulary 32000) and bench_e2e's oracle
+//    proposer, which drafts each request's own greedy continuation with each drafted token
+//    corrupted with probability 1 - a (a = 0.8), so each draft token is accepted with probability
+//    a given its predecessors were; greedy. Prompts: 24 random tokens per request (seeded by the
+//    request's index, so request i is the same at every batch size). The continuations come from
+//    a first run without speculation at the largest batch; every speculative run's output is
+//    checked against them. For each B, the 8 policies run in turn, SPECDEC_BENCH_REPS rounds;
+//    the table shows the median tokens/s of each.
+// 2. The stories260K fixture ("fixture/batch:B"): the 14 prompts of tinystories_prompts.jsonl
+//    (cycled beyond 14), 128 new tokens each, greedy, prompt lookup (chain, at most 6 tokens) per
+//    request, 1 thread, the same policies.
+// Tokens/s = tokens committed by all requests / the wall time of the batch decoder's steps
+// (prefill included: a request's prompt rides in its first step). The adaptive policy measures
+// the model's forward times once (forward_cost_model::calibrate) before the runs, and refines
+// them online in each run.
+//
+// After the benchmarks a summary table per part prints the tokens/s and the ratios, then the
+// bars: batch 8 without speculation >= 4x batch 1; speculation's gain at batch 1 with k = 4 >= 2x
+// (controlled); at batch 32 the adaptive policy >= 0.95x no speculation; at every batch size the
+// adaptive policy >= 0.9x the best fixed k (k = 0 included).
+//
+// Environment: SPECDEC_MODEL_DIR, SPECDEC_DATA_DIR, SPECDEC_BENCH_THREADS (threads of the
+// stories110M-shape model; default all cores), SPECDEC_BENCH_TOKENS (new tokens per controlled
+// request; default 64), SPECDEC_BENCH_REPS (rounds; default 3).
+//
+// Run (Release): build/<dir>/benchmarks/bench_batch [--benchmark_filter=controlled|fixture]
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "e2e_support.hpp"
+#include "jsonl.hpp"
+#include "specdec/backend/cpu/batched_llama.hpp"
+#include "specdec/decode/batch_decoder.hpp"
+#include "specdec/decode/speculation.hpp"
+#include "specdec/model/load.hpp"
+#include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/per_request.hpp"
+#include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/sampling/policy.hpp"
+#include "specdec/verify/greedy.hpp"
+
+namespace sd = specdec;
+
+namespace {
+
+constexpr std::size_t batch_sizes[] = {1, 4, 8, 16, 32};
+constexpr std::size_t max_k = 6;  // the largest fixed k, and the adaptive policy's cap
+constexpr double controlled_acceptance = 0.8;
+constexpr std::size_t fixture_tokens = 128;
+constexpr std::size_t policies = max_k + 2;  // k = 0..max_k, then adaptive
+
+std::string policy_name(std::size_t p) {
+  return p <= max_k ? "k=" + std::to_string(p) : "adaptive";
+}
+
+//! What one batched run measured.
+struct run_result {
+  double tokens_per_second = 0.0;
+  double mean_draft = 0.0;  //!< draft tokens per request and step
+  double accepted_length = 0.0;
+  bool matched = true;  //!< every output equals its expected continuation
+};
+
+//! A policy's runs at one batch size.
+struct cell {
+  std::vector<double> rates;  //!< tokens/s of each round
+  double mean_draft = 0.0, accepted_length = 0.0;
+  [[nodiscard]] double rate() const { return rates.empty() ? 0.0 : bench::median(rates); }
+};
+
+//! One batch size's row of a part's table.
+struct row {
+  std::size_t batch = 0;
+  cell cells[policies];
+};
+
+struct part {
+  std::string title;
+  std::vector<row> rows;
+  std::size_t rounds = 0;
+};
+part controlled_part, fixture_part;
+
+//! Runs `prompts` as concurrent requests (all submitted at once, `new_tokens` each, greedy) with
+//! `proposer` and speculation `spec`; when `expected` is given, checks each output against it.
+template <class Proposer, class Spec>
+run_result run_batch(sd::cpu_batched_llama& model, Proposer& proposer, Spec spec,
+                     std::vector<std::vector<sd::token_id>> const& prompts, std::size_t new_tokens,
+                     std::vector<std::vector<sd::token_id>> const* expected) {
+  sd::batch_decoder<sd::cpu_batched_llama, Proposer, sd::greedy_verifier, sd::greedy, Spec> decoder(
+      model, proposer, {}, std::move(spec));
+  sd::decode_config config;
+  config.max_new_tokens = new_tokens;
+  config.max_draft_nodes = max_k;
+  std::vector<std::uint64_t> ids;
+  for (auto const& p : prompts) ids.push_back(decoder.submit(p, sd::greedy{}, config));
+  decoder.run();
+  run_result out;
+  sd::batch_stats const& s = decoder.stats();
+  out.tokens_per_second = s.tokens_per_second();
+  out.mean_draft = s.request_steps == 0
+                       ? 0.0
+                       : static_cast<double>(s.drafted) / static_cast<double>(s.request_steps);
+  out.accepted_length = s.mean_accepted_length();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    auto const r = decoder.take(ids[i]);
+    if (!r || r->failed() || (expected != nullptr && r->result.tokens != (*expected)[i]))
+      out.matched = false;
+  }
+  return out;
+}
+
+//! Drafts nothing (the continuations' run).
+struct no_draft {
+  void begin(std::span<sd::token_id const>) {}
+  void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
+    tree.reset(ctx.tokens.back());
+  }
+  void accept(sd::verify_result const&) {}
+};
+
+// ---------------------------------------------------------------------------------------------
+// 1. Controlled acceptance at the stories110M shape.
+
+struct controlled_setup {
+  std::unique_ptr<sd::cpu_batched_llama> model;
+  std::vector<std::vector<sd::token_id>> prompts;       // [32]
+  std::vector<std::vector<sd::token_id>> continuation;  // [32] greedy, new tokens only
+  std::optional<sd::adaptive_speculation> adaptive;     // calibrated
+  std::size_t new_tokens = 0;
+
+  static controlled_setup& get() {
+    static controlled_setup s = [] {
+      controlled_setup x;
+      x.new_tokens = bench::env_count("SPECDEC_BENCH_TOKENS", 64);
+      std::size_t const most = batch_sizes[std::size(batch_sizes) - 1];
+      x.model = std::make_unique<sd::cpu_batched_llama>(
+          bench::stories110m(),
+          sd::cpu_batched_llama_options{.model = {.threads = bench::bench_threads()},
+                                        .max_slots = most});
+      std::size_t const vocab = x.model->vocab_size();
+      for (std::size_t i = 0; i < most; ++i) {
+        std::mt19937_64 rng(1000 + i);
+        std::vector<sd::token_id> p(24);
+        p[0] = 1;
+        for (std::size_t j = 1; j < p.size(); ++j) p[j] = static_cast<sd::token_id>(rng() % vocab);
+        x.prompts.push_back(std::move(p));
+      }
+      // The greedy continuations (and a warm-up of every slot).
+      sd::per_request_proposer<no_draft> none([] { return no_draft{}; });
+      sd::batch_decoder<sd::cpu_batched_llama, sd::per_request_proposer<no_draft>,
+                        sd::greedy_verifier, sd::greedy>
+          decoder(*x.model, none, {}, sd::fixed_speculation(0));
+      sd::decode_config config;
+      config.max_new_tokens = x.new_tokens;
+      std::vector<std::uint64_t> ids;
+      for (auto const& p : x.prompts) ids.push_back(decoder.submit(p, sd::greedy{}, config));
+      decoder.run();
+      for (std::uint64_t id : ids) x.continuation.push_back(decoder.take(id)->result.tokens);
+      x.adaptive.emplace(sd::adaptive_speculation_options{.max_k = max_k});
+      x.adaptive->calibrate(*x.model);
+      return x;
+    }();
+    return s;
+  }
+};
+
+//! The oracle of each request: its continuation, its own seed.
+class oracles {
+ public:
+  using proposer_type = sd::per_request_proposer<bench::oracle_proposer>;
+
+  oracles(controlled_setup const& s, std::size_t batch)
+      : proposer_([&s, batch](std::span<sd::token_id const> prompt) {
+          std::size_t const vocab = s.model->vocab_size();
+          for (std::size_t i = 0; i < batch; ++i) {
+            if (std::equal(prompt.begin(), prompt.end(), s.prompts[i].begin(),
+                           s.prompts[i].end())) {
+              std::vector<sd::token_id> seq = s.prompts[i];
+              seq.insert(seq.end(), s.continuation[i].begin(), s.continuation[i].end());
+              return bench::oracle_proposer(std::move(seq), max_k, controlled_acceptance, vocab,
+                                            2024 + i);
+            }
+          }
+          return bench::oracle_proposer({}, max_k, controlled_acceptance, vocab, 0);
+        }) {}
+
+  proposer_type& get() noexcept { return proposer_; }
+
+ private:
+  proposer_type proposer_;
+};
+
+void bench_controlled(benchmark::State& state, std::size_t batch) {
+  controlled_setup& s = controlled_setup::get();
+  std::size_t const reps = bench::env_count("SPECDEC_BENCH_REPS", 3);
+  std::vector<std::vector<sd::token_id>> const prompts(
+      s.prompts.begin(), s.prompts.begin() + static_cast<long>(batch));
+  std::vector<std::vector<sd::token_id>> const expected(
+      s.continuation.begin(), s.continuation.begin() + static_cast<long>(batch));
+  row r;
+  r.batch = batch;
+  for (auto _ : state) {
+    for (std::size_t round = 0; round < reps; ++round) {
+      for (std::size_t p = 0; p < policies; ++p) {
+        oracles o(s, batch);
+        run_result const got = p <= max_k ? run_batch(*s.model, o.get(), sd::fixed_speculation(p),
+                                                      prompts, s.new_tokens, &expected)
+                                          : run_batch(*s.model, o.get(), *s.adaptive, prompts,
+                                                      s.new_tokens, &expected);
+        if (!got.matched) state.SkipWithError("an output differs from the greedy continuation");
+        r.cells[p].rates.push_back(got.tokens_per_second);
+        r.cells[p].mean_draft = got.mean_draft;
+        r.cells[p].accepted_length = got.accepted_length;
+      }
+    }
+  }
+  for (std::size_t p = 0; p < policies; ++p)
+    state.counters["tok_s_" + policy_name(p)] = r.cells[p].rate();
+  controlled_part.rows.push_back(std::move(r));
+  controlled_part.rounds = reps;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The fixture.
+
+struct fixture_setup {
+  std::unique_ptr<sd::cpu_batched_llama> model;
+  std::vector<std::vector<sd::token_id>> prompts;  // the 14 encoded prompts
+  std::optional<sd::adaptive_speculation> adaptive;
+
+  static fixture_setup& get() {
+    static fixture_setup s = [] {
+      fixture_setup x;
+      auto const models = bench::shared_dir("SPECDEC_MODEL_DIR", "models");
+      auto const data = bench::shared_dir("SPECDEC_DATA_DIR", "data");
+      auto const weights = std::make_shared<sd::llama_weights const>(
+          sd::load_model(bench::require(models / "stories260K.bin")));
+      sd::tokenizer const tok =
+          sd::load_tokenizer(models / "stories260K.bin", bench::require(models / "tok512.bin"));
+      for (std::string const& text :
+           bench::jsonl_strings(bench::require(data / "tinystories_prompts.jsonl"), "prompt"))
+        x.prompts.push_back(tok.encode(text, true));
+      x.model = std::make_unique<sd::cpu_batched_llama>(
+          weights,
+          sd::cpu_batched_llama_options{.model = {.threads = 1},
+                                        .max_slots = batch_sizes[std::size(batch_sizes) - 1]});
+      x.adaptive.emplace(sd::adaptive_speculation_options{.max_k = max_k});
+      x.adaptive->calibrate(*x.model);
+      return x;
+    }();
+    return s;
+  }
+};
+
+void bench_fixture(benchmark::State& state, std::size_t batch) {
+  fixture_setup& s = fixture_setup::get();
+  std::size_t const reps = bench::env_count("SPECDEC_BENCH_REPS", 3);
+  std::vector<std::vector<sd::token_id>> prompts;
+  for (std::size_t i = 0; i < batch; ++i) prompts.push_back(s.prompts[i % s.prompts.size()]);
+  using lookups = sd::per_request_proposer<sd::prompt_lookup_chain_proposer>;
+  auto const make = [] {
+    return sd::prompt_lookup_chain_proposer({.n_max = 3, .n_min = 1, .k = max_k});
+  };
+  row r;
+  r.batch = batch;
+  for (auto _ : state) {
+    for (std::size_t round = 0; round < reps; ++round) {
+      for (std::size_t p = 0; p < policies; ++p) {
+        lookups proposer(make);
+        run_result const got = p <= max_k ? run_batch(*s.model, proposer, sd::fixed_speculation(p),
+                                                      prompts, fixture_tokens, nullptr)
+                                          : run_batch(*s.model, proposer, *s.adaptive, prompts,
+                                                      fixture_tokens, nullptr);
+        if (!got.matched) state.SkipWithError("a request failed");
+        r.cells[p].rates.push_back(got.tokens_per_second);
+        r.cells[p].mean_draft = got.mean_draft;
+        r.cells[p].accepted_length = got.accepted_length;
+      }
+    }
+  }
+  for (std::size_t p = 0; p < policies; ++p)
+    state.counters["tok_s_" + policy_name(p)] = r.cells[p].rate();
+  fixture_part.rows.push_back(std::move(r));
+  fixture_part.rounds = reps;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary.
+
+char const* verdict(bool ok) {
+  return ok ? "ok" : "MISSED";
+}
+
+//! The table of one part; for the controlled part, the bars' lines.
+void print_part(part const& pt, bool controlled) {
+  if (pt.rows.empty()) return;
+  std::printf("\n%s\n\n", pt.title.c_str());
+  std::printf("%6s", "batch");
+  for (std::size_t p = 0; p < policies; ++p) std::printf(" %9s", policy_name(p).c_str());
+  std::printf(" %7s %7s %8s %9s %9s %10s\n", "adapt k", "acc.len", "vs b=1", "k=4 gain", "adapt/k0",
+              "adapt/best");
+  double const base1 = pt.rows.front().batch == 1 ? pt.rows.front().cells[0].rate() : 0.0;
+  double worst_vs_best = 1e9;
+  std::size_t worst_batch = 0;
+  for (row const& r : pt.rows) {
+    std::printf("%6zu", r.batch);
+    double best = 0.0;
+    for (std::size_t p = 0; p < policies; ++p) {
+      std::printf(" %9.1f", r.cells[p].rate());
+      if (p <= max_k) best = std::max(best, r.cells[p].rate());
+    }
+    double const adaptive = r.cells[max_k + 1].rate();
+    double const vs_best = best > 0 ? adaptive / best : 0.0;
+    if (vs_best < worst_vs_best) {
+      worst_vs_best = vs_best;
+      worst_batch = r.batch;
+    }
+    std::printf(" %7.2f %7.2f %7.2fx %8.2fx %8.2fx %9.2fx\n", r.cells[max_k + 1].mean_draft,
+                r.cells[max_k + 1].accepted_length, base1 > 0 ? r.cells[0].rate() / base1 : 0.0,
+                r.cells[0].rate() > 0 ? r.cells[4].rate() / r.cells[0].rate() : 0.0,
+                r.cells[0].rate() > 0 ? adaptive / r.cells[0].rate() : 0.0, vs_best);
+  }
+  std::printf("\n");
+  if (!controlled) return;  // the bars are set at the stories110M shape
+  auto const find = [&](std::size_t b) -> row const* {
+    for (row const& r : pt.rows)
+      if (r.batch == b) return &r;
+    return nullptr;
+  };
+  row const* b1 = find(1);
+  row const* b8 = find(8);
+  row const* b32 = find(32);
+  if (b1 != nullptr && b8 != nullptr) {
+    double const x = b8->cells[0].rate() / b1->cells[0].rate();
+    std::printf("bar: batch 8 without speculation >= 4x the tokens/s of batch 1: %.2fx %s\n", x,
+                verdict(x >= 4.0));
+  }
+  if (b1 != nullptr) {
+    double const x = b1->cells[4].rate() / b1->cells[0].rate();
+    std::printf("bar: speculation's gain at batch 1, k = 4, acceptance 0.8 >= 2x: %.2fx %s\n", x,
+                verdict(x >= 2.0));
+  }
+  if (b32 != nullptr) {
+    double const x = b32->cells[max_k + 1].rate() / b32->cells[0].rate();
+    std::printf("bar: batch 32, adaptive >= 0.95x no speculation: %.3fx %s\n", x,
+                verdict(x >= 0.95));
+  }
+  if (worst_batch != 0)
+    std::printf(
+        "bar: adaptive >= 0.9x the best fixed k (k = 0..%zu) at every batch size: worst "
+        "%.3fx (batch %zu) %s\n",
+        max_k, worst_vs_best, worst_batch, verdict(worst_vs_best >= 0.9));
+}
+
+void print_summary() {
+  if (!controlled_part.rows.empty()) {
+    controlled_setup const& s = controlled_setup::get();
+    char buf[640];
+    std::snprintf(buf, sizeof buf,
+                  "controlled acceptance: random-weight stories110M shape (dim 768, 12 layers, "
+                  "vocab 32000), %zu threads, greedy,\noracle drafts accepted with probability "
+                  "%.1f per token; B requests of 24 prompt + %zu new tokens each, all at once.\n"
+                  "Committed tokens/s (median of %zu rounds, policies in turn); adapt k = the "
+                  "adaptive policy's mean draft per request and step;\nvs b=1 = k=0 tokens/s over "
+                  "batch 1's; k=4 gain = k=4 over k=0; adapt/best = adaptive over the best fixed "
+                  "k (k=0 included).",
+                  bench::bench_threads(), controlled_acceptance, s.new_tokens,
+                  controlled_part.rounds);
+    controlled_part.title = buf;
+    print_part(controlled_part, true);
+  }
+  if (!fixture_part.rows.empty()) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "stories260K fixture: the 14 TinyStories prompts cycled to B requests, %zu new "
+                  "tokens each, greedy, prompt lookup chain (n 1..3) per request,\n1 thread. "
+                  "Committed tokens/s (median of %zu rounds); columns as above.",
+                  fixture_tokens, fixture_part.rounds);
+    fixture_part.title = buf;
+    print_part(fixture_part, false);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (std::size_t b : batch_sizes)
+    benchmark::RegisterBenchmark(("controlled/batch:" + std::to_string(b)).c_str(),
+                                 [b](benchmark::State& s) { bench_controlled(s, b); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  for (std::size_t b : batch_sizes)
+    benchmark::RegisterBenchmark(("fixture/batch:" + std::to_string(b)).c_str(),
+                                 [b](benchmark::State& s) { bench_fixture(s, b); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_summary();
+  return 0;
+}

@@ -1,0 +1,145 @@
+#pragma once
+// What the end-to-end benchmarks (bench_e2e, bench_batch) share: where the fixture files are, the
+// environment's counts, the random-weight target of the stories110M shape, medians, and the
+// oracle proposer that drafts a target's own greedy continuation with a set acceptance rate.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/propose_context.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+#include "specdec/model/llama_weights.hpp"
+#include "specdec/model/random.hpp"
+
+namespace bench {
+
+//! The directory of environment variable `var`, else ../shared/`sub` next to the repository.
+inline std::filesystem::path shared_dir(char const* var, char const* sub) {
+  if (char const* v = std::getenv(var); v != nullptr && *v != '\0') return v;
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "shared" / sub;
+}
+
+//! `p`, or the end of the program with a message when it does not exist.
+inline std::filesystem::path require(std::filesystem::path const& p) {
+  if (!std::filesystem::exists(p)) {
+    std::fprintf(stderr, "benchmark: missing %s (set SPECDEC_MODEL_DIR / SPECDEC_DATA_DIR)\n",
+                 p.string().c_str());
+    std::exit(1);
+  }
+  return p;
+}
+
+//! The positive count in environment variable `var`, else `fallback`.
+inline std::size_t env_count(char const* var, std::size_t fallback) {
+  char const* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long const n = std::strtoull(v, &end, 10);
+  return end != v && *end == '\0' && n > 0 ? static_cast<std::size_t>(n) : fallback;
+}
+
+//! Threads of the stories110M-shape model: SPECDEC_BENCH_THREADS, default all cores.
+inline std::size_t bench_threads() {
+  return env_count("SPECDEC_BENCH_THREADS",
+                   std::max<std::size_t>(1, std::thread::hardware_concurrency()));
+}
+
+//! The stories110M-shape random target (dim 768, hidden 2048, 12 layers, 12 heads, vocabulary
+//! 32000, context 1024, tied classifier), built once.
+inline std::shared_ptr<specdec::llama_weights const> const& stories110m() {
+  static std::shared_ptr<specdec::llama_weights const> const w = [] {
+    specdec::llama_config c;
+    c.dim = 768;
+    c.hidden_dim = 2048;
+    c.n_layers = 12;
+    c.n_heads = 12;
+    c.n_kv_heads = 12;
+    c.vocab_size = 32000;
+    c.seq_len = 1024;
+    c.shared_classifier = true;
+    return std::make_shared<specdec::llama_weights const>(
+        specdec::make_random_llama(c, 110, 0.02f));
+  }();
+  return w;
+}
+
+//! The median of `v` (not empty).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+//! Seconds of `f()`.
+template <class F>
+double seconds_of(F&& f) {
+  auto const t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+//! Drafts the target's own greedy continuation `sequence` (prompt included), each drafted token
+//! replaced by another one with probability 1 - acceptance (its own Philox stream), so that each
+//! draft token is accepted with probability `acceptance` given its predecessors were (greedy
+//! verification).
+class oracle_proposer {
+ public:
+  static constexpr bool produces_trees = false;
+  static constexpr bool samples_drafts = false;
+  static constexpr bool needs_target_hidden = false;
+
+  oracle_proposer(std::vector<specdec::token_id> sequence, std::size_t k, double acceptance,
+                  std::size_t vocab, std::uint64_t seed)
+      : sequence_(std::move(sequence)),
+        k_(k),
+        acceptance_(acceptance),
+        vocab_(vocab),
+        seed_(seed) {}
+
+  void begin(std::span<specdec::token_id const>) { rng_ = specdec::philox(seed_, 0, 0); }
+
+  void propose(specdec::propose_context const& ctx, specdec::draft_tree& tree) {
+    tree.reset(ctx.tokens.back());
+    std::size_t const t = ctx.tokens.size();
+    SPECDEC_CHECK(t <= sequence_.size() && sequence_[t - 1] == ctx.tokens.back(), internal,
+                  "oracle_proposer: the committed tokens left the greedy continuation at ", t);
+    std::size_t const n = std::min({k_, ctx.max_nodes, sequence_.size() - t});
+    specdec::node_index parent = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      specdec::token_id token = sequence_[t + i];
+      if (static_cast<double>(rng_.uniform()) >= acceptance_) {
+        auto const shift = 1 + rng_.next_u32() % static_cast<std::uint32_t>(vocab_ - 1);
+        token = static_cast<specdec::token_id>((static_cast<std::size_t>(token) + shift) % vocab_);
+      }
+      parent = tree.add_node(parent, token);
+    }
+  }
+
+  void accept(specdec::verify_result const&) noexcept {}
+
+  //! The longest chain it drafts.
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return k_; }
+
+ private:
+  std::vector<specdec::token_id> sequence_;
+  std::size_t k_;
+  double acceptance_;
+  std::size_t vocab_;
+  std::uint64_t seed_;
+  specdec::philox rng_{0};
+};
+
+}  // namespace bench

@@ -1,0 +1,795 @@
+#pragma once
+//! \file
+//! `batch_decoder`: speculative decoding for serving -- many requests decoded together, each
+//! step drafting for every request, scoring ALL drafts in one forward of a `batched_lm`, verifying
+//! each request and committing or rolling back each sequence by its own accepted length.
+//!
+//! Requests (`submit`) each have their own prompt, sampling policy, `decode_config` (stops,
+//! max_new_tokens, seed and Philox stream, node cap) and callbacks, and their own proposer state
+//! (in the `batch_proposer`, under the request's slot). They wait in a queue and join the batch
+//! between steps while the model has free slots (continuous batching); a finished, cancelled or
+//! failed request leaves at once and its slot serves the next one.
+//!
+//! One step (`step`):
+//! 1. cancelled requests leave; waiting requests are admitted (their prompt checked, a slot
+//!    acquired and its positions reserved, the proposer started);
+//! 2. each request's draft limit is computed as `speculative_decoder` computes its node budget
+//!    (the proposer's `max_nodes()` capped by the request's `max_draft_nodes`, the context, and for
+//!    chains the tokens still allowed); the `speculation_policy` chooses each request's draft
+//!    length within it (`fixed_speculation`: all of it; `adaptive_speculation`: what maximises
+//!    goodput);
+//! 3. propose: one `batch_proposer::propose` call for the whole batch;
+//! 4. score: one target forward over every request's segment -- its draft tree (root = its last
+//!    committed token, positions base + depth, the tree's mask), preceded on a request's first
+//!    step by its prompt x_1..x_{t-1} (its prefill rides in the same forward);
+//! 5. verify each request with its own policy and Philox stream (per-request verifier calls: the
+//!    policies differ between requests, and the ragged entry points of verify/detail/batch.hpp take
+//!    one policy for the batch; they are per-sequence calls too, so nothing is lost);
+//! 6. commit each request: its slot's cache keeps the root and the accepted nodes (`truncate` or
+//!    `keep_path`), its proposer accepts, its tokens are emitted through its stop checks and
+//!    callback. Finished requests leave.
+//! A request's draws come from its own stream (seed, stream) exactly as in `speculative_decoder`,
+//! and its rows are the same bits whatever else is in the batch (the CPU backend's batch
+//! invariance): with a fixed policy that drafts the whole budget, every request's tokens equal
+//! `speculative_decoder`'s for the same request, greedy or sampled; with the adaptive policy they
+//! follow the same distribution (greedy: the same tokens). A request whose limit is 0
+//! (max_draft_nodes = 0) decodes autoregressively, as `autoregressive_decoder` does.
+//!
+//! Errors are per request: a bad prompt or configuration, a prompt beyond the context, memory
+//! that cannot be reserved, a proposer, verifier or callback that throws -- the request finishes
+//! with `finish_reason::failed` and its error (`batch_result::error`), and the others go on.
+//!
+//! One topic -- the batched loop and the life of its requests (admission, the step's phases,
+//! failures kept to their request, results) -- needs more than 600 lines here.
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/batch_forward.hpp"
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/propose_context.hpp"
+#include "specdec/core/stats.hpp"
+#include "specdec/core/traits.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+#include "specdec/core/views.hpp"
+#include "specdec/decode/common.hpp"
+#include "specdec/decode/detail/phase_timer.hpp"
+#include "specdec/decode/speculation.hpp"
+
+namespace specdec {
+
+//! Configuration of a `batch_decoder` (each request has its own `decode_config`).
+struct batch_decoder_config {
+  //! Most requests decoded at once; 0 = as many as the model has slots.
+  std::size_t max_batch = 0;
+  //! Most prompt tokens admitted per step (a step always admits one waiting request when it
+  //! can); 0 = no limit. Bounds how long a step that prefills new prompts takes.
+  std::size_t max_prefill_tokens = 0;
+  //! Each request's acceptance estimate (what the speculation policy sees): the accepted draft
+  //! tokens over the tested ones (accepted, plus the first rejected), both counts decayed by this
+  //! factor per step, in [0, 1). Its prior, counted as `acceptance_prior_weight` tested
+  //! tokens, is the batch's own acceptance (the same counts over every request, decayed per step),
+  //! or `acceptance_prior` before anything was drafted: a request that has drafted little borrows
+  //! the rate of the others (so one unlucky first step does not switch it off for long).
+  double acceptance_decay = 0.9;
+  double acceptance_prior = 0.5;         //!< in [0, 1]
+  double acceptance_prior_weight = 2.0;  //!< >= 0
+
+  //! Throws `errc::invalid_argument` naming the field out of its domain.
+  void validate() const {
+    SPECDEC_CHECK(acceptance_decay >= 0.0 && acceptance_decay < 1.0, invalid_argument,
+                  "batch_decoder_config: acceptance_decay ", acceptance_decay,
+                  " is outside [0, 1)");
+    SPECDEC_CHECK(acceptance_prior >= 0.0 && acceptance_prior <= 1.0, invalid_argument,
+                  "batch_decoder_config: acceptance_prior ", acceptance_prior,
+                  " is outside [0, 1]");
+    SPECDEC_CHECK(acceptance_prior_weight >= 0.0, invalid_argument,
+                  "batch_decoder_config: acceptance_prior_weight ", acceptance_prior_weight,
+                  " is negative");
+  }
+};
+
+//! The outcome of one request of a `batch_decoder`.
+struct batch_result {
+  //! Its tokens, why it ended (`finish_reason::failed` when it failed) and its statistics. Phase
+  //! times: `score_seconds` and `propose_seconds` are those of the batched steps it took part in
+  //! (shared with the batch), `verify_seconds` and `commit_seconds` its own; `prefill_seconds` is
+  //! 0 (its prompt rides in its first step); `total_seconds` runs from its admission to its end.
+  decode_result result;
+  std::string error;              //!< what failed (when `failed()`), else empty
+  errc code = errc::internal;     //!< the failure's code (when `failed()`)
+  std::size_t waiting_steps = 0;  //!< steps it waited in the queue before admission
+
+  //! Whether the request failed.
+  [[nodiscard]] bool failed() const noexcept { return result.reason == finish_reason::failed; }
+};
+
+//! What a `batch_decoder`'s steps did, all requests together.
+struct batch_stats {
+  std::size_t steps = 0;          //!< batched steps (one target forward each)
+  std::size_t request_steps = 0;  //!< requests summed over steps
+  std::size_t max_batch = 0;      //!< most requests in one step
+  std::size_t rows = 0;           //!< target forward rows (prompts included)
+  std::size_t prefill_rows = 0;   //!< of which prompt rows
+  std::size_t drafted = 0;        //!< draft tokens scored
+  std::size_t accepted = 0;       //!< draft tokens accepted
+  std::size_t committed = 0;      //!< tokens emitted
+  std::size_t finished = 0;       //!< requests that ended (failed ones included)
+  std::size_t failed = 0;         //!< requests that failed
+  double forward_seconds = 0.0;   //!< in target forwards
+  double propose_seconds = 0.0;   //!< in the proposer
+  double seconds = 0.0;           //!< wall time of every step
+
+  //! Committed tokens per second of step time (goodput).
+  [[nodiscard]] double tokens_per_second() const noexcept {
+    return seconds > 0.0 ? static_cast<double>(committed) / seconds : 0.0;
+  }
+  //! Mean requests per step.
+  [[nodiscard]] double mean_batch() const noexcept {
+    return steps == 0 ? 0.0 : static_cast<double>(request_steps) / static_cast<double>(steps);
+  }
+  //! Mean tokens committed per request and step (accepted + 1, after stops).
+  [[nodiscard]] double mean_accepted_length() const noexcept {
+    return request_steps == 0 ? 0.0
+                              : static_cast<double>(committed) / static_cast<double>(request_steps);
+  }
+};
+
+//! The callbacks of one request.
+struct batch_callbacks {
+  //! Each committed token, in order, as soon as it is committed; false cancels the request after
+  //! that token (`finish_reason::cancelled`). A callback that throws fails its request.
+  token_callback on_token = {};
+  //! Called once when the request ends (finished, cancelled or failed), at the end of the step;
+  //! an exception it throws leaves `step` after the step's bookkeeping.
+  std::function<void(std::uint64_t id, batch_result const& result)> on_finish = {};
+};
+
+//! Speculative decoding of many requests at once (see the file comment).
+//!
+//! \tparam Model       the target, a `batched_lm`; held by reference. The decoder acquires and
+//!                     releases its slots; a forward that throws must leave every cache
+//!                     unchanged (as the concept's models do).
+//! \tparam Proposer    a `batch_proposer`; held by reference. Its `max_nodes() const`, when it has
+//!                     one, is every request's node budget.
+//! \tparam Verifier    a `verifier` for Policy; owned, shared by the requests in turn.
+//! \tparam Policy      a `sampling_policy`; each request has its own.
+//! \tparam Speculation a `speculation_policy`; owned.
+//! Not thread-safe: submit, cancel and step from one thread (the callbacks run inside `step`
+//! and may submit or cancel).
+template <batched_lm Model, batch_proposer Proposer, class Verifier, sampling_policy Policy,
+          speculation_policy Speculation = fixed_speculation>
+requires verifier<Verifier, Policy>
+class batch_decoder {
+  static_assert(!(samples_drafts_v<Proposer> && greedy_only_v<Verifier>),
+                "batch_decoder: this proposer samples its drafts (and records q rows); a "
+                "greedy-only verifier would ignore them. Use a sampling verifier.");
+  static_assert(!(needs_draft_probs_v<Verifier> && !samples_drafts_v<Proposer>),
+                "batch_decoder: this verifier needs draft probabilities (q rows) but the "
+                "proposer drafts deterministic candidates. Use a greedy or tree verifier.");
+  static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
+                "batch_decoder: this proposer drafts trees but the verifier handles chains "
+                "only. Use a tree verifier.");
+  static_assert(!has_auxiliary_tokens_v<Proposer> && !needs_target_hidden_v<Proposer>,
+                "batch_decoder: proposers that add auxiliary tokens or read the target's hidden "
+                "states are not supported in a batch");
+
+ public:
+  using request_id = std::uint64_t;  //!< a request's id (0, 1, 2, ... in submission order)
+
+  //! A decoder scoring `proposer`'s drafts with `target` (both must outlive it). Throws
+  //! `errc::invalid_argument` for a bad configuration.
+  batch_decoder(Model& target, Proposer& proposer, Verifier verifier = {},
+                Speculation speculation = {}, batch_decoder_config config = {})
+      : target_(&target),
+        proposer_(&proposer),
+        verifier_(std::move(verifier)),
+        speculation_(std::move(speculation)),
+        config_(config) {
+    config_.validate();
+  }
+
+  //! Queues a request: `prompt` (copied), its own sampling `policy`, `config` and `callbacks`;
+  //! returns its id. It joins the batch at a coming step. Never throws for a bad request: a
+  //! request that cannot run fails alone when it is admitted (see the file comment).
+  request_id submit(std::span<token_id const> prompt, Policy policy, decode_config config = {},
+                    batch_callbacks callbacks = {}) {
+    auto r = std::make_unique<request>(std::move(policy));
+    r->id = next_id_++;
+    r->prompt.assign(prompt.begin(), prompt.end());
+    r->config = std::move(config);
+    r->callbacks = std::move(callbacks);
+    waiting_.push_back(std::move(r));
+    return next_id_ - 1;
+  }
+
+  //! Cancels request `id`: a waiting one ends at once, a running one at the start of the next
+  //! step, either with `finish_reason::cancelled` and the tokens it has. Returns whether it was
+  //! waiting or running.
+  bool cancel(request_id id) {
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id == id) {
+        std::unique_ptr<request> r = std::move(*it);
+        waiting_.erase(it);
+        r->out.reason = finish_reason::cancelled;
+        r->out.stats.prompt_tokens = r->prompt.size();
+        record(*r);
+        notify_finished();
+        return true;
+      }
+    }
+    for (auto& r : running_) {
+      if (r->id == id && !r->done) {
+        r->cancel = true;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  //! Runs one batched step (see the file comment) and returns the requests still waiting or
+  //! running. Throws `errc::context_overflow` when requests wait but the model has no free slot
+  //! and none runs (its slots are held elsewhere), and what the speculation policy's `prepare`
+  //! throws; request failures do not throw.
+  std::size_t step() {
+    auto const start = std::chrono::steady_clock::now();
+    if (!prepared_) {
+      if constexpr (requires(Speculation & s, Model & m) { s.prepare(m); })
+        speculation_.prepare(*target_);
+      prepared_ = true;
+    }
+    for (auto& r : running_)
+      if (r->cancel) finish(*r, finish_reason::cancelled);
+    compact();
+    admit();
+    if (running_.empty()) {
+      SPECDEC_CHECK(waiting_.empty(), context_overflow, "batch_decoder: ", waiting_.size(),
+                    " requests wait but the model has no free slot");
+      notify_finished();
+      return 0;
+    }
+    for (auto& r : waiting_) ++r->waiting_steps;
+
+    // Limits and the speculation policy's choice.
+    spec_.clear();
+    for (auto& r : running_) {
+      std::span<token_id const> const committed = r->sink.committed();
+      std::size_t const base = committed.size() - 1;
+      if (base >= r->capacity) {
+        r->sink.context_full();
+        finish(*r, r->out.reason);
+        continue;
+      }
+      std::size_t limit = std::min(r->budget, r->capacity - base - 1);
+      if constexpr (!produces_trees_v<Proposer>) limit = std::min(limit, r->sink.remaining() - 1);
+      double const w = config_.acceptance_prior_weight;
+      double const prior =
+          batch_tested_ > 0.0 ? batch_accepted_ / batch_tested_ : config_.acceptance_prior;
+      spec_.push_back({.slot = r->slot,
+                       .max_draft = limit,
+                       .other_rows = 1 + (r->first_step ? r->prompt.size() - 1 : 0),
+                       .acceptance = (r->accepted_recent + prior * w) /
+                                     (r->tested_recent + w > 0.0 ? r->tested_recent + w : 1.0)});
+      // Every count decays once per step, the request's whether it drafts or not (evidence that
+      // is not renewed fades toward the batch's rate); this step's outcomes come in at full
+      // weight.
+      r->accepted_recent *= config_.acceptance_decay;
+      r->tested_recent *= config_.acceptance_decay;
+    }
+    batch_accepted_ *= config_.acceptance_decay;
+    batch_tested_ *= config_.acceptance_decay;
+    compact();
+    if (running_.empty()) return finish_step(start, 0, 0.0, 0.0, 0);
+    draft_.assign(running_.size(), 0);
+    speculation_.choose(std::span<speculation_request const>(spec_),
+                        std::span<std::size_t>(draft_));
+
+    // Propose, for the whole batch at once.
+    auto const propose_start = std::chrono::steady_clock::now();
+    items_.clear();
+    for (std::size_t i = 0; i < running_.size(); ++i) {
+      request& r = *running_[i];
+      propose_context ctx;
+      ctx.tokens = r.sink.committed();
+      ctx.max_nodes = std::min(draft_[i], spec_[i].max_draft);
+      ctx.rng = &r.rng;
+      items_.push_back({.slot = r.slot, .ctx = ctx, .tree = &r.tree, .error = nullptr});
+    }
+    std::exception_ptr propose_error;
+    try {
+      proposer_->propose(std::span<batch_propose_item>(items_));
+    } catch (...) {
+      propose_error = std::current_exception();
+    }
+    double const propose_seconds = detail::seconds_since(propose_start);
+    std::size_t drafted = 0;
+    for (std::size_t i = 0; i < running_.size(); ++i) {
+      request& r = *running_[i];
+      std::exception_ptr const e = propose_error ? propose_error : items_[i].error;
+      if (e) {
+        fail(r, e);
+        continue;
+      }
+      std::span<token_id const> const committed = r.sink.committed();
+      if (r.tree.empty() || r.tree.root() != committed.back()) {
+        fail(r, detail::concat("batch_decoder: the proposer's tree must have the last committed "
+                               "token ",
+                               committed.back(), " as its root"));
+        continue;
+      }
+      if (r.tree.num_drafted() > items_[i].ctx.max_nodes) {
+        fail(r, detail::concat("batch_decoder: the proposer drafted ", r.tree.num_drafted(),
+                               " nodes, more than max_nodes = ", items_[i].ctx.max_nodes));
+        continue;
+      }
+      drafted += r.tree.num_drafted();
+    }
+    compact();
+    if (running_.empty()) return finish_step(start, 0, 0.0, propose_seconds, drafted);
+
+    // Score: one forward over every request's segment.
+    segments_.clear();
+    std::size_t rows = 0, prefill_rows = 0;
+    for (auto& r : running_) {
+      segments_.push_back(segment_of(*r));
+      rows += segments_.back().tokens.size();
+      if (r->first_step) prefill_rows += r->prompt.size() - 1;
+    }
+    auto const forward_start = std::chrono::steady_clock::now();
+    bool batched = true;
+    try {
+      target_->forward({.segments = std::span<batch_segment const>(segments_)}, fwd_);
+    } catch (...) {
+      batched = false;
+    }
+    double forward_seconds = detail::seconds_since(forward_start);
+
+    for (auto& r : running_) {
+      r->out.stats.score_seconds += forward_seconds;
+      r->out.stats.propose_seconds += propose_seconds;
+    }
+
+    // Verify and commit each request (segment by segment when the batched forward failed, so
+    // that a segment that fails fails its request alone).
+    for (std::size_t i = 0; i < running_.size(); ++i) {
+      request& r = *running_[i];
+      if (batched) {
+        conclude(r, fwd_.logits(i));
+        continue;
+      }
+      auto const t0 = std::chrono::steady_clock::now();
+      try {
+        batch_segment const one = segment_of(r);
+        target_->forward({.segments = std::span<batch_segment const>(&one, 1)}, single_);
+      } catch (...) {
+        forward_seconds += detail::seconds_since(t0);
+        fail(r, std::current_exception());
+        continue;
+      }
+      forward_seconds += detail::seconds_since(t0);
+      conclude(r, single_.logits(0));
+    }
+    stats_.rows += rows;
+    stats_.prefill_rows += prefill_rows;
+    return finish_step(start, rows, forward_seconds, propose_seconds, drafted);
+  }
+
+  //! Steps until no request waits or runs.
+  void run() {
+    while (step() > 0) {
+    }
+  }
+
+  //! Requests admitted and not finished.
+  [[nodiscard]] std::size_t running() const noexcept { return running_.size(); }
+  //! Requests waiting for admission.
+  [[nodiscard]] std::size_t waiting() const noexcept { return waiting_.size(); }
+  //! Whether request `id` has ended and its result was not taken yet.
+  [[nodiscard]] bool finished(request_id id) const { return results_.contains(id); }
+  //! The result of finished request `id`, moved out (once); nullopt when it has not ended or was
+  //! taken.
+  [[nodiscard]] std::optional<batch_result> take(request_id id) {
+    auto const it = results_.find(id);
+    if (it == results_.end()) return std::nullopt;
+    batch_result r = std::move(it->second);
+    results_.erase(it);
+    return r;
+  }
+
+  //! What the steps did so far.
+  [[nodiscard]] batch_stats const& stats() const noexcept { return stats_; }
+  //! The speculation policy.
+  [[nodiscard]] Speculation& speculation() noexcept { return speculation_; }
+  //! The owned verifier.
+  [[nodiscard]] Verifier& get_verifier() noexcept { return verifier_; }
+  //! The configuration (validated).
+  [[nodiscard]] batch_decoder_config const& config() const noexcept { return config_; }
+
+ private:
+  //! One request and its state.
+  struct request {
+    explicit request(Policy p) : policy(std::move(p)) {}
+
+    request_id id = 0;
+    std::vector<token_id> prompt;
+    Policy policy;
+    decode_config config;
+    batch_callbacks callbacks;
+    std::size_t waiting_steps = 0;
+    // While running.
+    std::size_t slot = 0;
+    bool has_slot = false;
+    bool proposer_started = false;
+    std::size_t capacity = 0;  // positions its cache can hold
+    std::size_t budget = 0;    // node budget
+    bool first_step = true;    // its prompt rides in its next forward
+    bool cancel = false;
+    bool done = false;
+    philox rng{0};
+    draft_tree tree{1};
+    verify_result result;
+    detail::token_sink sink;
+    decode_result out;
+    std::string error;
+    errc code = errc::internal;
+    double accepted_recent = 0.0, tested_recent = 0.0;  // decayed counts
+    std::chrono::steady_clock::time_point start;
+    std::vector<token_id> tokens;  // the segment: prompt rows (first step) + tree
+    std::vector<position_t> positions;
+    std::vector<std::uint64_t> mask;
+    std::vector<std::int32_t> logits_rows;
+    std::vector<std::int32_t> keep;
+  };
+
+  //! The node budget of a request: the proposer's `max_nodes()` capped by the request's
+  //! max_draft_nodes; without one, max_draft_nodes or `default_max_draft_nodes`.
+  [[nodiscard]] std::size_t node_budget(decode_config const& c) const {
+    std::size_t budget = c.max_draft_nodes.value_or(default_max_draft_nodes);
+    if constexpr (requires(Proposer const& p) {
+                    { p.max_nodes() } -> std::convertible_to<std::size_t>;
+                  })
+      budget = std::min<std::size_t>(proposer_->max_nodes(),
+                                     c.max_draft_nodes.value_or(max_tree_nodes - 1));
+    return std::min(budget, max_tree_nodes - 1);
+  }
+
+  //! Admits waiting requests while slots are free (within max_batch and the prompt budget).
+  void admit() {
+    std::size_t const limit = config_.max_batch == 0 ? target_->max_slots() : config_.max_batch;
+    std::size_t prefill = 0;
+    bool any = false;
+    while (!waiting_.empty() && running_.size() < limit && target_->free_slots() > 0) {
+      request& next = *waiting_.front();
+      std::size_t const rows = next.prompt.empty() ? 0 : next.prompt.size() - 1;
+      if (any && config_.max_prefill_tokens > 0 && prefill + rows > config_.max_prefill_tokens)
+        break;
+      std::unique_ptr<request> r = std::move(waiting_.front());
+      waiting_.pop_front();
+      any = true;
+      prefill += rows;
+      if (start(*r)) {
+        running_.push_back(std::move(r));
+      } else {
+        record(*r);
+      }
+    }
+  }
+
+  //! Starts request `r` (see the file comment); false when it ended at once (failed, or nothing
+  //! to generate).
+  bool start(request& r) {
+    r.start = std::chrono::steady_clock::now();
+    r.out.stats = request_stats{};
+    r.out.stats.prompt_tokens = r.prompt.size();
+    r.out.tokens.clear();
+    try {
+      std::size_t const vocab = target_->vocab_size();
+      detail::check_prompt(r.prompt, vocab, target_->max_context(), "batch_decoder");
+      r.config.validate(vocab);
+      if (r.config.max_new_tokens == 0) {  // nothing to generate: no slot, no proposer
+        r.out.reason = finish_reason::max_tokens;
+        return false;
+      }
+      r.slot = target_->acquire_slot();
+      r.has_slot = true;
+      r.capacity = std::min<std::size_t>(target_->max_context(), target_->cache(r.slot).capacity());
+      detail::check_prompt(r.prompt, vocab, r.capacity, "batch_decoder");
+      r.budget = node_budget(r.config);
+      std::size_t const room = r.capacity - r.prompt.size();
+      std::size_t const wanted = std::min(room, r.config.max_new_tokens) + std::min(room, r.budget);
+      if constexpr (requires(Model & m, std::size_t s, std::size_t n) { m.reserve(s, n); })
+        target_->reserve(r.slot, r.prompt.size() + std::min(room, wanted));
+      if (r.tree.capacity() < r.budget + 1) r.tree.reserve(r.budget + 1);
+      r.sink.begin(r.config, r.prompt, r.out, &r.callbacks.on_token, r.budget);
+      r.rng = philox(r.config.seed, r.config.stream, 0);
+      proposer_->begin(r.slot, r.prompt);
+      r.proposer_started = true;
+    } catch (...) {
+      set_failure(r, std::current_exception());
+      release(r);
+      return false;
+    }
+    return true;
+  }
+
+  //! The segment of request `r`'s step: its tree (root at position base, the tree's mask), after
+  //! its prompt x_1..x_{t-1} on its first step (the tree rows see every prompt row).
+  batch_segment segment_of(request& r) {
+    draft_tree const& tree = r.tree;
+    std::size_t const n = tree.size();
+    std::size_t const base = r.sink.committed().size() - 1;
+    if (!r.first_step || base == 0) {
+      r.positions.resize(n);
+      for (std::size_t i = 0; i < n; ++i)
+        r.positions[i] = static_cast<position_t>(base) + tree.depth(static_cast<node_index>(i));
+      return {.slot = r.slot,
+              .tokens = tree.tokens(),
+              .positions = r.positions,
+              .mask = tree.mask(),
+              .mask_stride = tree.mask_stride()};
+    }
+    std::size_t const p = base;  // prompt rows
+    std::size_t const total = p + n;
+    std::size_t const stride = mask_words(total);
+    r.tokens.assign(r.prompt.begin(), r.prompt.begin() + static_cast<std::ptrdiff_t>(p));
+    r.tokens.insert(r.tokens.end(), tree.tokens().begin(), tree.tokens().end());
+    r.positions.resize(total);
+    r.mask.assign(total * stride, 0);
+    auto const set = [&](std::size_t row, std::size_t col) {
+      r.mask[row * stride + col / 64] |= std::uint64_t{1} << (col % 64);
+    };
+    for (std::size_t i = 0; i < p; ++i) {
+      r.positions[i] = static_cast<position_t>(i);
+      for (std::size_t j = 0; j <= i; ++j) set(i, j);
+    }
+    r.logits_rows.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto const node = static_cast<node_index>(i);
+      r.positions[p + i] = static_cast<position_t>(p) + tree.depth(node);
+      r.logits_rows[i] = static_cast<std::int32_t>(p + i);
+      for (std::size_t j = 0; j < p; ++j) set(p + i, j);
+      for (node_index a = node; a >= 0; a = a == 0 ? -1 : tree.parent(a))
+        set(p + i, p + static_cast<std::size_t>(a));
+    }
+    return {.slot = r.slot,
+            .tokens = r.tokens,
+            .positions = r.positions,
+            .mask = r.mask,
+            .mask_stride = stride,
+            .logits_rows = r.logits_rows};
+  }
+
+  //! Verifies and commits request `r` against its tree's logits rows (see the file comment).
+  void conclude(request& r, matrix_view<float const> rows) {
+    std::size_t const base = r.sink.committed().size() - 1;
+    step_stats step;
+    step.tree_size = r.tree.num_drafted();
+    step.tree_depth = static_cast<std::size_t>(r.tree.max_depth());
+    auto const t0 = std::chrono::steady_clock::now();
+    try {
+      // The committed tokens were checked as they were committed (the prompt at admission, the
+      // rest by the verifier that produced them).
+      verifier_.verify(r.tree, rows, r.policy, token_history::checked(r.sink.committed()), r.rng,
+                       r.result);
+      SPECDEC_CHECK(r.result.tokens.size() == r.result.accepted_nodes.size() + 1, internal,
+                    "batch_decoder: the verifier returned ", r.result.tokens.size(), " tokens for ",
+                    r.result.accepted_nodes.size(), " accepted nodes");
+    } catch (...) {
+      fail(r, std::current_exception());
+      return;
+    }
+    auto const t1 = std::chrono::steady_clock::now();
+    r.out.stats.verify_seconds += std::chrono::duration<double>(t1 - t0).count();
+    r.first_step = false;
+    try {
+      commit(r, base, rows, step);
+    } catch (...) {
+      fail(r, std::current_exception());
+      return;
+    }
+    r.out.stats.commit_seconds += detail::seconds_since(t1);
+    r.out.stats.add(step);
+    stats_.drafted += step.tree_size;
+    stats_.accepted += step.accepted;
+    stats_.committed += step.emitted;
+    ++stats_.request_steps;
+    // The acceptance estimate: the accepted tokens over the tested ones (the accepted and the
+    // first rejected), decayed per step.
+    if (step.tree_depth > 0) {
+      std::size_t const tested = step.accepted + (step.accepted < step.tree_depth ? 1 : 0);
+      r.accepted_recent += static_cast<double>(step.accepted);
+      r.tested_recent += static_cast<double>(tested);
+      batch_accepted_ += static_cast<double>(step.accepted);
+      batch_tested_ += static_cast<double>(tested);
+    }
+    if (r.sink.done()) finish(r, r.out.reason);
+  }
+
+  //! The cache keeps the root and the accepted nodes, the proposer accepts, the tokens are
+  //! emitted through the stop checks (as `speculative_decoder::commit`).
+  void commit(request& r, std::size_t base, matrix_view<float const> rows, step_stats& step) {
+    auto& cache = target_->cache(r.slot);
+    std::size_t const n = r.tree.size();
+    std::size_t const m = r.result.num_accepted();
+    SPECDEC_CHECK(cache.size() == base + n, internal, "batch_decoder: the cache of slot ", r.slot,
+                  " holds ", cache.size(), " positions, expected ", base + n);
+    bool prefix_of_chain = true;
+    for (std::size_t i = 0; i < m; ++i) {
+      node_index const a = r.result.accepted_nodes[i];
+      SPECDEC_CHECK(a > 0 && static_cast<std::size_t>(a) < n &&
+                        r.tree.depth(a) == static_cast<std::int32_t>(i + 1) &&
+                        r.tree.parent(a) == (i == 0 ? 0 : r.result.accepted_nodes[i - 1]),
+                    internal,
+                    "batch_decoder: the verifier's accepted nodes are not a root-to-node path "
+                    "(entry ",
+                    i, " is node ", a, ")");
+      prefix_of_chain = prefix_of_chain && a == static_cast<node_index>(i + 1);
+    }
+    if (prefix_of_chain) {
+      cache.truncate(base + m + 1);
+    } else {
+      r.keep.clear();
+      r.keep.push_back(0);
+      r.keep.insert(r.keep.end(), r.result.accepted_nodes.begin(), r.result.accepted_nodes.end());
+      cache.keep_path(base, r.keep);
+    }
+    proposer_->accept(r.slot, r.result);
+    step.accepted = m;
+    std::size_t const emitted_before = r.sink.emitted();
+    std::size_t const step_index = r.out.stats.steps;
+    for (std::size_t i = 0; i < r.result.tokens.size(); ++i) {
+      node_index const parent = i == 0 ? 0 : r.result.accepted_nodes[i - 1];
+      detail::token_origin const origin{.step = step_index,
+                                        .depth = i + 1,
+                                        .drafted = i < m,
+                                        .logits = rows.row(static_cast<std::size_t>(parent))};
+      if (r.sink.emit(r.result.tokens[i], origin)) break;
+    }
+    step.emitted = r.sink.emitted() - emitted_before;
+  }
+
+  //! Records the failure `e` of `r` (its message and code).
+  static void set_failure(request& r, std::exception_ptr e) {
+    r.out.reason = finish_reason::failed;
+    try {
+      std::rethrow_exception(e);
+    } catch (error const& x) {
+      r.code = x.code();
+      r.error = x.what();
+    } catch (std::exception const& x) {
+      r.code = errc::internal;
+      r.error = x.what();
+    } catch (...) {
+      r.code = errc::internal;
+      r.error = "unknown exception";
+    }
+  }
+
+  void fail(request& r, std::exception_ptr e) {
+    set_failure(r, std::move(e));
+    finish(r, finish_reason::failed);
+  }
+  void fail(request& r, std::string const& message) {
+    fail(r, std::make_exception_ptr(error(errc::invalid_argument, message)));
+  }
+
+  //! Frees what `r` holds: its proposer state and its slot.
+  void release(request& r) {
+    if (r.proposer_started) {
+      r.proposer_started = false;
+      try {
+        proposer_->end(r.slot);
+      } catch (...) {
+        // Ending cannot fail the request further; the slot is freed below either way.
+      }
+    }
+    if (r.has_slot) {
+      r.has_slot = false;
+      target_->release_slot(r.slot);
+    }
+  }
+
+  //! Ends running request `r` with `reason`.
+  void finish(request& r, finish_reason reason) {
+    if (r.done) return;
+    r.done = true;
+    r.out.reason = reason;
+    r.out.stats.total_seconds = detail::seconds_since(r.start);
+    release(r);
+    record(r);
+  }
+
+  //! Stores `r`'s result and queues its on_finish callback.
+  void record(request& r) {
+    batch_result res;
+    res.result = std::move(r.out);
+    res.error = std::move(r.error);
+    res.code = r.code;
+    res.waiting_steps = r.waiting_steps;
+    ++stats_.finished;
+    if (res.failed()) ++stats_.failed;
+    if (r.callbacks.on_finish) to_notify_.emplace_back(r.id, std::move(r.callbacks.on_finish));
+    results_.insert_or_assign(r.id, std::move(res));
+  }
+
+  //! Drops finished requests from the batch, keeping the order of the others.
+  void compact() {
+    std::erase_if(running_, [](std::unique_ptr<request> const& r) { return r->done; });
+  }
+
+  //! The step's bookkeeping: statistics, the speculation policy's measurement, finished
+  //! requests' callbacks. Returns the requests waiting or running.
+  std::size_t finish_step(std::chrono::steady_clock::time_point start, std::size_t rows,
+                          double forward_seconds, double propose_seconds, std::size_t drafted) {
+    std::size_t const in_step = spec_.size();
+    compact();
+    double const seconds = detail::seconds_since(start);
+    if (rows > 0) ++stats_.steps;
+    stats_.max_batch = std::max(stats_.max_batch, in_step);
+    stats_.forward_seconds += forward_seconds;
+    stats_.propose_seconds += propose_seconds;
+    stats_.seconds += seconds;
+    if (rows > 0)
+      speculation_.observe(step_cost{
+          .requests = in_step,
+          .rows = rows,
+          .drafted = drafted,
+          .forward_seconds = forward_seconds,
+          .propose_seconds = propose_seconds,
+          .remaining_seconds = std::max(0.0, seconds - forward_seconds - propose_seconds)});
+    notify_finished();
+    return running_.size() + waiting_.size();
+  }
+
+  //! Calls the queued on_finish callbacks (with the results kept until taken).
+  void notify_finished() {
+    while (!to_notify_.empty()) {
+      auto [id, callback] = std::move(to_notify_.front());
+      to_notify_.pop_front();
+      auto const it = results_.find(id);
+      if (it != results_.end()) callback(id, it->second);
+    }
+  }
+
+  Model* target_;
+  Proposer* proposer_;
+  Verifier verifier_;
+  Speculation speculation_;
+  batch_decoder_config config_;
+  bool prepared_ = false;
+  request_id next_id_ = 0;
+  double batch_accepted_ = 0.0, batch_tested_ = 0.0;  // decayed counts over every request
+  std::deque<std::unique_ptr<request>> waiting_;
+  std::vector<std::unique_ptr<request>> running_;  // in admission order
+  std::unordered_map<request_id, batch_result> results_;
+  std::deque<std::pair<request_id, std::function<void(std::uint64_t, batch_result const&)>>>
+      to_notify_;
+  batch_stats stats_;
+  // Per-step buffers, reused.
+  std::vector<speculation_request> spec_;
+  std::vector<std::size_t> draft_;
+  std::vector<batch_propose_item> items_;
+  std::vector<batch_segment> segments_;
+  batch_forward_result fwd_;
+  batch_forward_result single_;
+};
+
+}  // namespace specdec

@@ -1,0 +1,407 @@
+#pragma once
+//! \file
+//! How much to speculate under load: the `speculation_policy` concept by which `batch_decoder`
+//! chooses each step's draft length per request, a fixed policy (`fixed_speculation`) and the
+//! adaptive one (`adaptive_speculation`), which maximises goodput -- committed tokens per second
+//! -- from measured costs and each request's recent acceptance.
+//!
+//! The rule (docs/batching.md): a chain of k drafted tokens, each accepted with probability a
+//! given its predecessors were, commits (1 - a^(k+1)) / (1 - a) tokens in expectation (the
+//! accepted prefix plus the bonus token). A step over requests i = 1..n with draft lengths k_i
+//! scores R = sum_i (1 + k_i + p_i) rows (p_i: prompt rows of a request's first step) and takes
+//! T(R) + c_d sum_i k_i + c_r n seconds: T the target forward's time as a function of its rows,
+//! c_d the proposer's cost per drafted token, c_r the rest per request. The policy picks the k_i
+//! maximising sum_i E_i(k_i) / step time. E_i's increments a_i^j (j = 1, 2, ...) decrease, so for
+//! each total D of drafted tokens the best split gives the D largest increments over all requests;
+//! the policy scans D = 0, 1, ... (the time depends on D only) and keeps the best. D = 0 -- no
+//! speculation -- wins when the forward is compute-bound and acceptance is low.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/batch_forward.hpp"
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/decode/detail/phase_timer.hpp"
+
+namespace specdec {
+
+//! The expected tokens a step commits when it drafts a chain of k tokens, each accepted with
+//! probability a given its predecessors were: (1 - a^(k+1)) / (1 - a), k + 1 when a = 1 (the
+//! accepted prefix plus the bonus token). a is clamped to [0, 1].
+[[nodiscard]] inline double expected_accepted_length(double a, std::size_t k) noexcept {
+  a = std::clamp(a, 0.0, 1.0);
+  if (a >= 1.0) return static_cast<double>(k + 1);
+  return (1.0 - std::pow(a, static_cast<double>(k + 1))) / (1.0 - a);
+}
+
+//! What a speculation policy sees of one request at the start of a step.
+struct speculation_request {
+  std::size_t slot = 0;        //!< the request's slot (stable while it lives)
+  std::size_t max_draft = 0;   //!< most draft tokens the step may score for it (budget, context,
+                               //!< tokens still allowed)
+  std::size_t other_rows = 1;  //!< rows it adds besides its draft: its root, and its prompt on
+                               //!< its first step
+  double acceptance = 0.5;     //!< its recent per-token acceptance rate, in [0, 1]
+};
+
+//! What one step cost, as the decoder measured it.
+struct step_cost {
+  std::size_t requests = 0;        //!< requests in the step
+  std::size_t rows = 0;            //!< rows of the target forward
+  std::size_t drafted = 0;         //!< draft tokens over all requests
+  double forward_seconds = 0.0;    //!< the target forward
+  double propose_seconds = 0.0;    //!< the proposer
+  double remaining_seconds = 0.0;  //!< everything else (verify, commit, bookkeeping)
+};
+
+//! A policy that chooses each step's draft length per request.
+//!
+//! Requirements:
+//! - `s.choose(requests, draft)` writes draft[i] in [0, requests[i].max_draft] for every request
+//!   of the step. Why: the decoder asks once per step, for the whole batch, since the best length
+//!   of one request depends on the others (they share the forward's cost).
+//! - `s.observe(cost)` is told what the step cost. Why: adaptive policies learn the costs online.
+//! A policy may also have `prepare(model)`, which the decoder calls before its first step (an
+//! adaptive policy measures the model's forward costs there).
+template <class S>
+concept speculation_policy = requires(S& s, std::span<speculation_request const> requests,
+                                      std::span<std::size_t> draft, step_cost const& cost) {
+  s.choose(requests, draft);
+  s.observe(cost);
+};
+
+//! Every request drafts min(k, its limit) tokens per step: k = the most (the default) drafts the
+//! proposer's whole budget, as `speculative_decoder` does; k = 0 decodes autoregressively.
+class fixed_speculation {
+ public:
+  //! The whole budget of every request, every step.
+  fixed_speculation() noexcept = default;
+  //! Draft length k per request and step.
+  explicit fixed_speculation(std::size_t k) noexcept : k_(k) {}
+
+  //! draft[i] = min(k, requests[i].max_draft).
+  void choose(std::span<speculation_request const> requests,
+              std::span<std::size_t> draft) const noexcept {
+    for (std::size_t i = 0; i < requests.size() && i < draft.size(); ++i)
+      draft[i] = std::min(k_, requests[i].max_draft);
+  }
+  //! Learns nothing.
+  void observe(step_cost const&) const noexcept {}
+  //! The draft length.
+  [[nodiscard]] std::size_t k() const noexcept { return k_; }
+
+ private:
+  std::size_t k_ = std::numeric_limits<std::size_t>::max();
+};
+
+//! The target forward's time as a function of its rows. Two ways to learn it:
+//! - calibrated (`calibrate`): measured points (rows, seconds) give the curve's shape, and every
+//!   later observation only moves a common scale (a moving average of observed / predicted), so
+//!   that a machine that gets slower or faster as a whole (other processes, frequency) keeps the
+//!   curve's shape, which is what the choice of draft lengths rests on;
+//! - otherwise each observation is a point of the curve (a moving average per row count).
+//! Between points the curve is linear; below the first it is flat (a forward of fewer rows costs
+//! no less: the weights are read either way); beyond the last it follows the slope of the last
+//! two (in proportion to the rows with a single point).
+class forward_cost_model {
+ public:
+  //! Adds a measurement of a forward over `rows` rows that took `seconds` (see the class comment;
+  //! `weight` is the moving averages' step, in [0, 1]). Non-positive or non-finite times are
+  //! ignored.
+  void observe(std::size_t rows, double seconds, double weight = 0.2) {
+    if (rows == 0 || !(seconds > 0.0) || !std::isfinite(seconds)) return;
+    weight = std::clamp(weight, 0.0, 1.0);
+    if (calibrated_) {
+      double const curve = shape(rows);
+      if (curve > 0.0) scale_ += weight * (seconds / curve - scale_);
+      return;
+    }
+    auto const it = std::lower_bound(points_.begin(), points_.end(), rows,
+                                     [](point const& p, std::size_t r) { return p.rows < r; });
+    if (it != points_.end() && it->rows == rows) {
+      it->seconds += weight * (seconds - it->seconds);
+      return;
+    }
+    points_.insert(it, point{rows, seconds});
+  }
+
+  //! The predicted time of a forward over `rows` rows (0 without any measurement).
+  [[nodiscard]] double predict(std::size_t rows) const noexcept { return scale_ * shape(rows); }
+
+  //! Whether no forward has been measured.
+  [[nodiscard]] bool empty() const noexcept { return points_.empty(); }
+  //! Whether the curve comes from `calibrate` (observations then move its scale only).
+  [[nodiscard]] bool calibrated() const noexcept { return calibrated_; }
+  //! The scale observations put on a calibrated curve (1 after `calibrate`).
+  [[nodiscard]] double scale() const noexcept { return scale_; }
+  //! Measured row counts.
+  [[nodiscard]] std::size_t size() const noexcept { return points_.size(); }
+
+  //! Measures `model`'s forward over each row count of `rows`, as a decode step of many requests
+  //! has them: in up to `max_segments` slots it acquires (and releases) -- the free ones -- each
+  //! holding `context` tokens, a forward of r rows is r causal tokens spread over min(r, slots)
+  //! segments, cut back after it. The row counts are measured in turn, `rounds` times after one
+  //! warm-up round, and each point is the median of its rounds (so that a machine whose speed
+  //! drifts during the calibration keeps the curve's shape). Replaces what was learnt. Throws what
+  //! the model throws (no free slot: `errc::context_overflow`).
+  template <batched_lm Model>
+  void calibrate(Model& model, std::span<std::size_t const> rows, std::size_t context = 64,
+                 std::size_t rounds = 3, std::size_t max_segments = 32) {
+    std::size_t most = 1;
+    for (std::size_t r : rows) most = std::max(most, r);
+    std::size_t const count = std::clamp<std::size_t>(std::min(model.free_slots(), max_segments), 1,
+                                                      std::max<std::size_t>(1, most));
+    std::vector<std::size_t> slots;
+    struct release_on_exit {
+      Model& m;
+      std::vector<std::size_t>& s;
+      ~release_on_exit() {
+        for (std::size_t slot : s) m.release_slot(slot);
+      }
+    } release{model, slots};
+    for (std::size_t i = 0; i < count; ++i) slots.push_back(model.acquire_slot());
+    std::size_t const capacity =
+        std::min<std::size_t>(model.max_context(), model.cache(slots[0]).capacity());
+    std::size_t const per_segment = (most + count - 1) / count;
+    context = std::min(context, capacity > per_segment ? capacity - per_segment : 0);
+    std::vector<token_id> tokens(context + per_segment);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<token_id>((i * 7919 + 13) % model.vocab_size());
+    std::vector<position_t> positions(tokens.size());
+    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<position_t>(i);
+    std::span<token_id const> const all_tokens(tokens);
+    std::span<position_t const> const all_positions(positions);
+    batch_forward_result out;
+    std::vector<batch_segment> segments;
+    std::int32_t const last = 0;
+    if (context > 0) {
+      for (std::size_t s : slots)
+        segments.push_back({.slot = s,
+                            .tokens = all_tokens.first(context),
+                            .positions = all_positions.first(context),
+                            .logits_rows = std::span<std::int32_t const>(&last, 1)});
+      model.forward({.segments = segments}, out);
+    }
+    std::vector<std::vector<double>> times(rows.size());
+    for (std::size_t round = 0; round <= rounds; ++round) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        std::size_t const r = rows[i];
+        if (r == 0) continue;
+        std::size_t const n = std::min(r, count);
+        segments.clear();
+        for (std::size_t s = 0; s < n; ++s) {
+          std::size_t const len = r / n + (s < r % n ? 1 : 0);
+          segments.push_back({.slot = slots[s],
+                              .tokens = all_tokens.subspan(context, len),
+                              .positions = all_positions.subspan(context, len)});
+        }
+        auto const t0 = std::chrono::steady_clock::now();
+        model.forward({.segments = segments}, out);
+        double const seconds = detail::seconds_since(t0);
+        for (std::size_t s = 0; s < n; ++s) model.cache(slots[s]).truncate(context);
+        if (round > 0) times[i].push_back(seconds);  // the first round warms the buffers
+      }
+    }
+    points_.clear();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (times[i].empty()) continue;
+      std::sort(times[i].begin(), times[i].end());
+      calibrated_ = false;
+      observe(rows[i], times[i][times[i].size() / 2], 1.0);
+    }
+    calibrated_ = !points_.empty();
+    scale_ = 1.0;
+  }
+
+ private:
+  struct point {
+    std::size_t rows;
+    double seconds;
+  };
+
+  //! The curve of the points, unscaled.
+  [[nodiscard]] double shape(std::size_t rows) const noexcept {
+    if (points_.empty()) return 0.0;
+    if (rows <= points_.front().rows) return points_.front().seconds;
+    auto const r = static_cast<double>(rows);
+    if (rows >= points_.back().rows) {
+      point const& b = points_.back();
+      if (points_.size() == 1) return b.seconds * r / static_cast<double>(b.rows);
+      point const& a = points_[points_.size() - 2];
+      double const slope =
+          std::max(0.0, (b.seconds - a.seconds) / static_cast<double>(b.rows - a.rows));
+      return b.seconds + slope * (r - static_cast<double>(b.rows));
+    }
+    auto const hi = std::lower_bound(points_.begin(), points_.end(), rows,
+                                     [](point const& p, std::size_t x) { return p.rows < x; });
+    auto const lo = hi - 1;
+    double const f = (r - static_cast<double>(lo->rows)) / static_cast<double>(hi->rows - lo->rows);
+    return lo->seconds + f * (hi->seconds - lo->seconds);
+  }
+
+  std::vector<point> points_;  // ascending rows
+  bool calibrated_ = false;
+  double scale_ = 1.0;
+};
+
+//! Options of `adaptive_speculation`.
+struct adaptive_speculation_options {
+  //! Most draft tokens per request and step (also capped by each request's limit).
+  std::size_t max_k = 8;
+  //! Weight of each new step in the moving averages of the costs, in (0, 1].
+  double cost_weight = 0.2;
+  //! A request that drafted nothing for this many steps drafts one token (when allowed), so that
+  //! its acceptance estimate follows its text; 0 never probes.
+  std::size_t probe_interval = 16;
+  //! Row counts `prepare` measures when the cost model is empty (see
+  //! `forward_cost_model::calibrate`), and the context it measures them at.
+  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  6,  8,   12,  16,
+                                               24, 32, 48, 64, 96, 128, 192, 256};
+  std::size_t calibration_context = 64;
+
+  //! Throws `errc::invalid_argument` naming the field out of its domain.
+  void validate() const {
+    SPECDEC_CHECK(max_k < max_tree_nodes, invalid_argument, "adaptive_speculation: max_k ", max_k,
+                  " must be below ", max_tree_nodes);
+    SPECDEC_CHECK(cost_weight > 0.0 && cost_weight <= 1.0, invalid_argument,
+                  "adaptive_speculation: cost_weight ", cost_weight, " is outside (0, 1]");
+  }
+};
+
+//! Chooses each request's draft length to maximise the step's goodput (see the file comment),
+//! from the forward's measured time as a function of its rows (`forward_cost_model`: calibrated
+//! by `prepare` or `calibrate`, refined by every step), the proposer's measured cost per drafted
+//! token, the rest of a step's cost per request, and each request's recent acceptance rate.
+class adaptive_speculation {
+ public:
+  //! A policy with `options` (validated) and no cost measured yet.
+  explicit adaptive_speculation(adaptive_speculation_options options = {})
+      : options_(std::move(options)) {
+    options_.validate();
+  }
+
+  //! Measures the forward costs of `model` unless some are known (called by the decoder before its
+  //! first step; needs a free slot).
+  template <batched_lm Model>
+  void prepare(Model& model) {
+    if (costs_.empty()) calibrate(model);
+  }
+
+  //! Measures the forward costs of `model` at `options().calibration_rows`.
+  template <batched_lm Model>
+  void calibrate(Model& model) {
+    costs_.calibrate(model, options_.calibration_rows, options_.calibration_context);
+  }
+
+  //! The draft lengths of the step that maximise the predicted goodput (see the file comment).
+  void choose(std::span<speculation_request const> requests, std::span<std::size_t> draft) {
+    std::size_t const n = std::min(requests.size(), draft.size());
+    std::size_t base_rows = 0;
+    increments_.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      speculation_request const& r = requests[i];
+      draft[i] = 0;
+      base_rows += r.other_rows;
+      std::size_t const k = std::min(options_.max_k, r.max_draft);
+      double const a = std::clamp(r.acceptance, 0.0, 1.0);
+      double gain = 1.0;
+      for (std::size_t j = 1; j <= k; ++j) {
+        gain *= a;  // E(j) - E(j - 1) = a^j
+        if (gain <= 0.0) break;
+        increments_.push_back({gain, i});
+      }
+    }
+    if (n == 0) return;
+    // The D largest increments, for every D; keep the D of the best goodput.
+    std::stable_sort(increments_.begin(), increments_.end(),
+                     [](increment const& x, increment const& y) { return x.gain > y.gain; });
+    double tokens = static_cast<double>(n);
+    double best = goodput(tokens, base_rows, 0, n);
+    std::size_t best_d = 0;
+    for (std::size_t d = 0; d < increments_.size(); ++d) {
+      tokens += increments_[d].gain;
+      double const g = goodput(tokens, base_rows + d + 1, d + 1, n);
+      if (g > best) {
+        best = g;
+        best_d = d + 1;
+      }
+    }
+    for (std::size_t d = 0; d < best_d; ++d) ++draft[increments_[d].request];
+    // A request left without speculation for a while probes with one token.
+    if (options_.probe_interval > 0) {
+      for (std::size_t i = 0; i < n; ++i) {
+        std::size_t const slot = requests[i].slot;
+        if (idle_.size() <= slot) idle_.resize(slot + 1, 0);
+        if (draft[i] > 0) {
+          idle_[slot] = 0;
+        } else if (++idle_[slot] > options_.probe_interval && requests[i].max_draft > 0) {
+          draft[i] = 1;
+          idle_[slot] = 0;
+        }
+      }
+    }
+  }
+
+  //! Learns the step's costs: the forward's time at its rows, the proposer's per drafted token,
+  //! the rest per request.
+  void observe(step_cost const& c) {
+    double const w = options_.cost_weight;
+    costs_.observe(c.rows, c.forward_seconds, w);
+    if (c.drafted > 0) {
+      double const per = c.propose_seconds / static_cast<double>(c.drafted);
+      per_draft_ = seen_draft_ ? per_draft_ + w * (per - per_draft_) : per;
+      seen_draft_ = true;
+    }
+    if (c.requests > 0) {
+      double const per = c.remaining_seconds / static_cast<double>(c.requests);
+      per_request_ = seen_request_ ? per_request_ + w * (per - per_request_) : per;
+      seen_request_ = true;
+    }
+  }
+
+  //! The forward cost model (calibrated, refined online).
+  [[nodiscard]] forward_cost_model const& costs() const noexcept { return costs_; }
+  //! The forward cost model, to calibrate or seed from measurements made elsewhere.
+  [[nodiscard]] forward_cost_model& costs() noexcept { return costs_; }
+  //! The proposer's measured seconds per drafted token.
+  [[nodiscard]] double seconds_per_draft() const noexcept { return per_draft_; }
+  //! The options (validated).
+  [[nodiscard]] adaptive_speculation_options const& options() const noexcept { return options_; }
+
+  //! The predicted goodput (tokens / second) of a step committing `tokens` expected tokens with
+  //! `rows` forward rows, `drafted` drafted tokens and `requests` requests.
+  [[nodiscard]] double goodput(double tokens, std::size_t rows, std::size_t drafted,
+                               std::size_t requests) const noexcept {
+    // Without a measured forward, a forward's time counts as proportional to its rows.
+    double const forward = costs_.empty() ? static_cast<double>(rows) : costs_.predict(rows);
+    double const t = forward + per_draft_ * static_cast<double>(drafted) +
+                     per_request_ * static_cast<double>(requests);
+    return t > 0.0 ? tokens / t : 0.0;
+  }
+
+ private:
+  struct increment {
+    double gain;          // a^j: the expected tokens one more draft token adds
+    std::size_t request;  // index into the step's requests
+  };
+  adaptive_speculation_options options_;
+  forward_cost_model costs_;
+  double per_draft_ = 0.0, per_request_ = 0.0;
+  bool seen_draft_ = false, seen_request_ = false;
+  std::vector<increment> increments_;
+  std::vector<std::size_t> idle_;  // [slot] steps without a draft
+};
+
+static_assert(speculation_policy<fixed_speculation>);
+static_assert(speculation_policy<adaptive_speculation>);
+
+}  // namespace specdec

@@ -1,0 +1,107 @@
+#pragma once
+//! \file
+//! `per_request_proposer`: a `batch_proposer` made of one single-sequence `proposer` per request,
+//! each made by a factory when its request starts. What proposers without a model need in a batch:
+//! prompt lookup (each request indexes its own text), REST (each request's proposer holds a
+//! `shared_ptr` to the one read-only datastore, which it only reads, so any number of them share
+//! it safely), Jacobi. Each request's drafts are exactly those of its proposer alone.
+
+#include <concepts>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/propose_context.hpp"
+#include "specdec/core/traits.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/core/verify_result.hpp"
+
+namespace specdec {
+
+//! One `Proposer` per request (see the file comment). Its capabilities are `Proposer`'s.
+//! \tparam Proposer a `proposer` without auxiliary tokens or target hidden states.
+template <proposer Proposer>
+class per_request_proposer {
+  static_assert(!has_auxiliary_tokens_v<Proposer> && !needs_target_hidden_v<Proposer>,
+                "per_request_proposer: proposers that add auxiliary tokens or read the target's "
+                "hidden states are not supported in a batch");
+
+  static constexpr bool has_max_nodes = requires(Proposer const& p) {
+    { p.max_nodes() } -> std::convertible_to<std::size_t>;
+  };
+
+ public:
+  static constexpr bool produces_trees = produces_trees_v<Proposer>;  //!< as Proposer
+  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;  //!< as Proposer
+
+  //! Makes the proposer of a request from its prompt.
+  using factory = std::function<Proposer(std::span<token_id const> prompt)>;
+
+  //! Proposers made by `make` -- called as make(prompt), or make() when it takes no argument --
+  //! once per request, and once here with an empty prompt for the node budget (`max_nodes()`).
+  //! Throws `errc::invalid_argument` for an empty factory.
+  template <class Make>
+  requires std::is_invocable_r_v<Proposer, Make&, std::span<token_id const>> ||
+      std::is_invocable_r_v<Proposer, Make&>
+  explicit per_request_proposer(Make make) {
+    if constexpr (std::is_same_v<Make, factory> || std::is_same_v<Make, std::function<Proposer()>>)
+      SPECDEC_CHECK(static_cast<bool>(make), invalid_argument, "per_request_proposer: no factory");
+    if constexpr (std::is_invocable_r_v<Proposer, Make&, std::span<token_id const>>)
+      make_ = std::move(make);
+    else
+      make_ = [m = std::move(make)](std::span<token_id const>) mutable { return m(); };
+    if constexpr (has_max_nodes) max_nodes_ = make_({}).max_nodes();
+  }
+
+  //! Starts the request in `slot` with a new proposer.
+  void begin(std::size_t slot, std::span<token_id const> prompt) {
+    if (slot >= proposers_.size()) proposers_.resize(slot + 1);
+    proposers_[slot].emplace(make_(prompt));
+    proposers_[slot]->begin(prompt);
+  }
+
+  //! Each item's proposer drafts its tree; a proposer that throws fails its item alone.
+  void propose(std::span<batch_propose_item> items) {
+    for (batch_propose_item& item : items) {
+      try {
+        at(item.slot).propose(item.ctx, *item.tree);
+      } catch (...) {
+        item.error = std::current_exception();
+      }
+    }
+  }
+
+  //! The request in `slot` accepts its step's outcome.
+  void accept(std::size_t slot, verify_result const& result) { at(slot).accept(result); }
+
+  //! Drops the request in `slot`'s proposer.
+  void end(std::size_t slot) {
+    if (slot < proposers_.size()) proposers_[slot].reset();
+  }
+
+  //! The node budget of one request's step: `Proposer::max_nodes()` (read from a proposer made at
+  //! construction); only when `Proposer` declares one.
+  [[nodiscard]] std::size_t max_nodes() const noexcept requires has_max_nodes { return max_nodes_; }
+
+  //! The proposer of the request in `slot` (throws `errc::invalid_argument` when none).
+  [[nodiscard]] Proposer& at(std::size_t slot) {
+    SPECDEC_CHECK(slot < proposers_.size() && proposers_[slot].has_value(), invalid_argument,
+                  "per_request_proposer: no request in slot ", slot);
+    return *proposers_[slot];
+  }
+
+ private:
+  factory make_;
+  std::size_t max_nodes_ = 0;
+  std::vector<std::optional<Proposer>> proposers_;  // [slot]
+};
+
+}  // namespace specdec

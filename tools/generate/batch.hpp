@@ -1,0 +1,408 @@
+#pragma once
+// specdec-generate --prompts FILE --batch N: every prompt of a JSON Lines file served as a
+// concurrent request, N at a time (continuous batching: a finished request's slot takes the next
+// prompt), by `batch_decoder` over `cpu_batched_llama`: one target forward per step for all the
+// requests in the batch. Text mode streams each request's text after its line number ("12: Once
+// upon a time ..."), then a statistics table per request and in total; --json prints one object
+// per request as it ends (line, text, tokens, finish reason, stats) and one with the totals.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "generate/option.hpp"
+#include "generate/options.hpp"
+#include "generate/prompts.hpp"
+#include "generate/report.hpp"
+#include "generate/strategies.hpp"
+#include "specdec/backend/cpu/batched_llama.hpp"
+#include "specdec/decode/batch_decoder.hpp"
+#include "specdec/decode/speculation.hpp"
+#include "specdec/model/load.hpp"
+#include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/per_request.hpp"
+#include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/propose/rest.hpp"
+#include "specdec/sampling/policy.hpp"
+#include "specdec/verify/greedy.hpp"
+#include "specdec/verify/tree_sampling.hpp"
+#include "specdec/verify/typical_acceptance.hpp"
+
+namespace generate {
+
+//! What batched serving runs with (read by specdec-generate.cpp from the command line).
+struct batch_session {
+  option_values const& values;                       //!< every option given
+  strategy const& chosen;                            //!< the strategy (one of batch_strategies)
+  std::shared_ptr<sd::llama_weights const> weights;  //!< the target's weights
+  sd::tokenizer const& tok;                          //!< the vocabulary
+  sd::cpu_llama_options model_options;               //!< threads and context
+  sd::sampling_params params;                        //!< every request's sampling parameters
+  sd::decode_config config;  //!< stops and length; its seed is the base of the requests' seeds
+  std::optional<sd::typical_acceptance_params> typical;  //!< --verifier typical
+};
+
+//! Drafts nothing: every request decodes autoregressively.
+struct no_draft {
+  void begin(std::span<sd::token_id const>) {}
+  void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
+    tree.reset(ctx.tokens.back());
+  }
+  void accept(sd::verify_result const&) {}
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return 0; }
+};
+
+//! Streams the text of many requests to stdout, each output line after its request's line number
+//! ("12: Once upon a time ..."): a request's text (its prompt, then its pieces as they are
+//! committed) is written a line at a time, when it completes a line or reaches `width` bytes (cut
+//! at its last space), so that the requests' lines interleave without mixing.
+class prefixed_stream {
+ public:
+  prefixed_stream(sd::tokenizer const& tok, std::vector<numbered_prompt> const& prompts,
+                  std::vector<std::vector<sd::token_id>> const& encoded, std::size_t width = 96)
+      : tok_(&tok), prompts_(&prompts), width_(width) {
+    previous_.reserve(encoded.size());
+    for (auto const& e : encoded) previous_.push_back(e.empty() ? sd::no_token : e.back());
+    started_.assign(encoded.size(), false);
+    pending_.resize(encoded.size());
+  }
+
+  //! Request i committed `token`.
+  void token(std::size_t i, sd::token_id token) {
+    std::string& text = pending_[i];
+    if (!started_[i]) {
+      started_[i] = true;
+      text = (*prompts_)[i].text;
+    }
+    text += tok_->decode(previous_[i], token);
+    previous_[i] = token;
+    for (;;) {
+      std::size_t cut = text.find('\n');
+      if (cut == std::string::npos) {
+        if (text.size() < width_) break;
+        cut = text.rfind(' ', width_);
+        if (cut == std::string::npos || cut == 0) cut = width_;
+        line(i, text.substr(0, cut));
+        text.erase(0, cut < text.size() && text[cut] == ' ' ? cut + 1 : cut);
+        continue;
+      }
+      line(i, text.substr(0, cut));
+      text.erase(0, cut + 1);
+    }
+  }
+
+  //! Request i ended: the rest of its text, then "12: -- <what>".
+  void end(std::size_t i, std::string const& what) {
+    if (!pending_[i].empty()) line(i, pending_[i]);
+    pending_[i].clear();
+    std::printf("%zu: -- %s\n", (*prompts_)[i].line, what.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  void line(std::size_t i, std::string const& text) {
+    std::printf("%zu: ", (*prompts_)[i].line);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fputc('\n', stdout);
+    auto const now = std::chrono::steady_clock::now();
+    if (now - last_flush_ > std::chrono::milliseconds(25)) {
+      std::fflush(stdout);
+      last_flush_ = now;
+    }
+  }
+
+  sd::tokenizer const* tok_;
+  std::vector<numbered_prompt> const* prompts_;
+  std::size_t width_;
+  std::vector<sd::token_id> previous_;
+  std::vector<bool> started_;
+  std::vector<std::string> pending_;  // text not written yet
+  std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
+};
+
+//! One request's outcome with its line, as the table and --json show it.
+struct served_request {
+  std::size_t line = 0;
+  sd::batch_result result;
+};
+
+//! The statistics table of a batched run.
+inline void print_batch_table(std::FILE* f, std::string const& description,
+                              std::string const& verifier, std::vector<served_request> const& all,
+                              sd::batch_stats const& s, std::size_t batch,
+                              std::string const& speculate, double wall) {
+  std::fprintf(f, "\n-- %s; verifier: %s; %zu requests, %zu at a time, speculation %s\n",
+               description.c_str(), verifier.c_str(), all.size(), batch, speculate.c_str());
+  std::fprintf(f, "  %6s %7s %7s %6s %8s %8s %8s %9s  %s\n", "line", "prompt", "tokens", "steps",
+               "drafted", "accepted", "acc.len", "tok/s", "finish");
+  for (served_request const& r : all) {
+    sd::request_stats const& st = r.result.result.stats;
+    std::fprintf(f, "  %6zu %7zu %7zu %6zu %8zu %8zu %8.2f %9.1f  %s%s%s\n", r.line,
+                 st.prompt_tokens, st.generated, st.steps, st.drafted, st.accepted,
+                 st.mean_accepted_length(), st.tokens_per_second(),
+                 std::string(sd::to_string(r.result.result.reason)).c_str(),
+                 r.result.failed() ? ": " : "", r.result.error.c_str());
+  }
+  using detail::format;
+  using detail::row;
+  std::fprintf(f, "\n");
+  row(f, "total",
+      format("%zu tokens from %zu requests (%zu failed) in %.2f s", s.committed, s.finished,
+             s.failed, wall));
+  row(f, "throughput",
+      format("%.1f committed tokens/s over the steps (%.1f over the run)", s.tokens_per_second(),
+             wall > 0.0 ? static_cast<double>(s.committed) / wall : 0.0));
+  row(f, "steps",
+      format("%zu target forwards, %.2f requests and %.1f rows each (%zu prompt rows in all)",
+             s.steps, s.mean_batch(),
+             s.steps == 0 ? 0.0 : static_cast<double>(s.rows) / static_cast<double>(s.steps),
+             s.prefill_rows));
+  row(f, "drafted",
+      format("%zu tokens, %zu accepted (%.1f%%); %.2f tokens per request and step", s.drafted,
+             s.accepted,
+             detail::percent(static_cast<double>(s.accepted), static_cast<double>(s.drafted)),
+             s.mean_accepted_length()));
+  row(f, "time shares",
+      format("forward %.1f%%  propose %.1f%%  other %.1f%%",
+             detail::percent(s.forward_seconds, s.seconds),
+             detail::percent(s.propose_seconds, s.seconds),
+             detail::percent(std::max(0.0, s.seconds - s.forward_seconds - s.propose_seconds),
+                             s.seconds)));
+}
+
+//! Serves `prompts` with `proposer`, `verifier` and `speculation` (see the file comment); returns
+//! the exit status: 0, or 1 when a request failed.
+//! A prompt that could not be encoded has an empty `encoded` entry and its error in `refused`:
+//! it fails alone, before the others run.
+template <class Proposer, class Verifier, class Speculation>
+int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
+          std::vector<std::vector<sd::token_id>> const& encoded,
+          std::vector<std::string> const& refused, Proposer& proposer, Verifier verifier,
+          Speculation speculation, std::string const& description,
+          std::string const& verifier_name) {
+  option_values const& v = s.values;
+  bool const json = v.flag(opt::json);
+  std::size_t const batch =
+      std::min<std::size_t>(static_cast<std::size_t>(v.count(opt::batch)), prompts.size());
+  std::string const speculate = v.text(opt::speculate).value_or("full");
+  sd::cpu_batched_llama model(s.weights, {.model = s.model_options, .max_slots = batch});
+  sd::batch_decoder<sd::cpu_batched_llama, Proposer, Verifier, sd::sampler, Speculation> decoder(
+      model, proposer, std::move(verifier), std::move(speculation));
+
+  prefixed_stream stream(s.tok, prompts, encoded);
+  std::vector<served_request> done(prompts.size());
+  std::vector<std::uint64_t> ids;
+  std::size_t refused_count = 0;
+  auto const finished = [&](std::size_t i, sd::batch_result const& r) {
+    done[i].line = prompts[i].line;
+    done[i].result = r;
+    if (json) {
+      nlohmann::ordered_json j;
+      j["line"] = prompts[i].line;
+      j["prompt"] = prompts[i].text;
+      j["prompt_ids"] = encoded[i];
+      sd::token_id const last = encoded[i].empty() ? sd::no_token : encoded[i].back();
+      j["text"] = decode_after(s.tok, last, r.result.tokens);
+      j["tokens"] = r.result.tokens;
+      j["finish_reason"] = sd::to_string(r.result.reason);
+      if (r.failed()) j["error"] = r.error;
+      j["stats"] = stats_json(run_output{r.result, description, verifier_name}, nullptr);
+      print_json(j);
+      std::fflush(stdout);
+    } else {
+      stream.end(i, r.failed() ? "failed: " + r.error
+                               : std::string(sd::to_string(r.result.reason)) + ", " +
+                                     std::to_string(r.result.tokens.size()) + " tokens");
+    }
+  };
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    if (encoded[i].empty()) {
+      sd::batch_result r;
+      r.result.reason = sd::finish_reason::failed;
+      r.error = refused[i];
+      r.code = sd::errc::context_overflow;
+      finished(i, r);
+      ++refused_count;
+      continue;
+    }
+    sd::decode_config config = s.config;
+    config.seed = s.config.seed + prompts[i].line;
+    sd::batch_callbacks callbacks;
+    if (!json)
+      callbacks.on_token = [&stream, i](sd::token_id t) {
+        stream.token(i, t);
+        return true;
+      };
+    callbacks.on_finish = [&finished, i](std::uint64_t, sd::batch_result const& r) {
+      finished(i, r);
+    };
+    ids.push_back(
+        decoder.submit(encoded[i], sd::sampler(s.params), std::move(config), std::move(callbacks)));
+  }
+  auto const start = std::chrono::steady_clock::now();
+  decoder.run();
+  double const wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (std::uint64_t id : ids) (void)decoder.take(id);
+
+  sd::batch_stats st = decoder.stats();
+  st.finished += refused_count;
+  st.failed += refused_count;
+  if (json) {
+    nlohmann::ordered_json total;
+    total["strategy"] = s.chosen.name;
+    total["description"] = description;
+    total["verifier"] = verifier_name;
+    total["batch"] = batch;
+    total["speculate"] = speculate;
+    total["requests"] = st.finished;
+    total["failed"] = st.failed;
+    total["generated"] = st.committed;
+    total["steps"] = st.steps;
+    total["mean_batch"] = st.mean_batch();
+    total["rows"] = st.rows;
+    total["prefill_rows"] = st.prefill_rows;
+    total["drafted"] = st.drafted;
+    total["accepted"] = st.accepted;
+    total["mean_accepted_length"] = st.mean_accepted_length();
+    total["tokens_per_second"] = st.tokens_per_second();
+    total["forward_seconds"] = st.forward_seconds;
+    total["propose_seconds"] = st.propose_seconds;
+    total["step_seconds"] = st.seconds;
+    total["total_seconds"] = wall;
+    nlohmann::ordered_json j;
+    j["total"] = std::move(total);
+    print_json(j);
+  } else {
+    print_batch_table(stdout, description, verifier_name, done, st, batch, speculate, wall);
+  }
+  std::fflush(stdout);
+  if (st.failed > 0) {
+    std::fprintf(stderr, "specdec-generate: %zu of %zu requests failed (see their lines)\n",
+                 st.failed, st.finished);
+    return 1;
+  }
+  return 0;
+}
+
+//! Serves every prompt of --prompts (see the file comment) with the chosen strategy.
+inline int run_batch(batch_session const& s) {
+  option_values const& v = s.values;
+  std::vector<numbered_prompt> const prompts = read_prompts(*v.text(opt::prompts));
+  std::vector<std::vector<sd::token_id>> encoded(prompts.size());
+  std::vector<std::string> refused(prompts.size());
+  std::size_t const context = s.model_options.max_context;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    // A prompt that cannot fit the context is refused before it is encoded (its request fails
+    // alone): every token covers at most max_token_length() bytes, which bounds its count.
+    std::size_t const at_least = s.tok.min_tokens(prompts[i].text, true);
+    if (at_least > context)
+      refused[i] =
+          sd::detail::concat("a prompt of ", prompts[i].text.size(), " bytes encodes to at least ",
+                             at_least, " tokens, more than the context of ", context, " positions");
+    else
+      encoded[i] = s.tok.encode(prompts[i].text, true);
+  }
+  bool const greedy = s.params.temperature == 0.0f;
+  bool const adaptive = v.text(opt::speculate).value_or("full") == "adaptive";
+  // Each request with this strategy's proposer; deterministic candidates are verified greedily at
+  // temperature 0, else by the tree verifier (or typical acceptance when asked).
+  auto const with_verifier = [&](auto& proposer, std::string const& description) {
+    auto const with_speculation = [&](auto verifier, std::string const& name) {
+      if (adaptive)
+        return serve(s, prompts, encoded, refused, proposer, std::move(verifier),
+                     sd::adaptive_speculation{}, description, name);
+      return serve(s, prompts, encoded, refused, proposer, std::move(verifier),
+                   sd::fixed_speculation{}, description, name);
+    };
+    if (s.typical)
+      return with_speculation(sd::typical_acceptance_verifier(*s.typical),
+                              "typical acceptance (lossy)");
+    if (greedy) return with_speculation(sd::greedy_verifier{}, "greedy");
+    return with_speculation(sd::tree_verifier{}, "tree (point masses)");
+  };
+  if (s.chosen.name == "autoregressive") {
+    sd::per_request_proposer<no_draft> proposer([] { return no_draft{}; });
+    if (greedy)
+      return serve(s, prompts, encoded, refused, proposer, sd::greedy_verifier{},
+                   sd::fixed_speculation(0), "autoregressive", "none");
+    return serve(s, prompts, encoded, refused, proposer, sd::tree_verifier{},
+                 sd::fixed_speculation(0), "autoregressive", "none");
+  }
+  if (s.chosen.name == "prompt-lookup") {
+    sd::prompt_lookup_config const c = lookup_config(v);
+    sd::per_request_proposer<sd::prompt_lookup_proposer> proposer(
+        [c] { return sd::prompt_lookup_proposer(c); });
+    return with_verifier(
+        proposer,
+        "prompt lookup per request, n-grams " + std::to_string(c.n_max) + ".." +
+            std::to_string(c.n_min) + ", depth " + std::to_string(c.k) +
+            (c.max_branches > 1 ? ", " + std::to_string(c.max_branches) + " branches" : ""));
+  }
+  if (s.chosen.name == "rest") {
+    // One datastore, read-only, shared by every request's proposer.
+    auto const datastore =
+        load_datastore(v, static_cast<std::size_t>(s.weights->config.vocab_size));
+    sd::rest_config const c = rest_config_of(v);
+    sd::per_request_proposer<sd::rest_proposer> proposer(
+        [datastore, c] { return sd::rest_proposer(datastore, c); });
+    return with_verifier(proposer, "REST per request, one shared " +
+                                       std::to_string(datastore->size()) +
+                                       "-entry datastore, depth " + std::to_string(c.depth) + ", " +
+                                       std::to_string(c.max_nodes) + " nodes");
+  }
+  if (s.chosen.name == "draft") {
+    // One draft model serves every request from its own slots (one draft forward per draft
+    // position for the whole batch).
+    auto const draft_weights =
+        std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::draft_model)));
+    sd::cpu_llama_options options = s.model_options;
+    if (v.given(opt::draft_threads)) {
+      options.threads = static_cast<std::size_t>(v.count(opt::draft_threads));
+      options.pool = nullptr;
+    }
+    if (v.given(opt::draft_context))
+      options.max_context = static_cast<std::size_t>(v.count(opt::draft_context));
+    std::size_t const batch =
+        std::min<std::size_t>(static_cast<std::size_t>(v.count(opt::batch)), prompts.size());
+    sd::cpu_batched_llama draft(draft_weights, {.model = options, .max_slots = batch});
+    sd::draft_model_config const chain = chain_config(v);
+    std::size_t const vocab = static_cast<std::size_t>(s.weights->config.vocab_size);
+    std::string const description = "draft model serving the batch, " + chain_description(chain);
+    auto const with_mode = [&]<sd::draft_mode M>() {
+      sd::batched_draft_model_proposer<sd::cpu_batched_llama, sd::sampler, M> proposer(
+          draft, vocab, sd::sampler(s.params), chain);
+      if (s.typical) {
+        if (adaptive)
+          return serve(s, prompts, encoded, refused, proposer,
+                       sd::typical_acceptance_verifier(*s.typical), sd::adaptive_speculation{},
+                       description, "typical acceptance (lossy)");
+        return serve(s, prompts, encoded, refused, proposer,
+                     sd::typical_acceptance_verifier(*s.typical), sd::fixed_speculation{},
+                     description, "typical acceptance (lossy)");
+      }
+      if (adaptive)
+        return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
+                     sd::adaptive_speculation{}, description, chain_verifier_name<M>);
+      return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
+                   sd::fixed_speculation{}, description, chain_verifier_name<M>);
+    };
+    if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
+    return with_mode.template operator()<sd::draft_mode::sample>();
+  }
+  throw usage_error("--strategy " + std::string(s.chosen.name) + " cannot serve --prompts");
+}
+
+}  // namespace generate
