@@ -28,9 +28,9 @@
 //! segment (`segment_kv_append_kernel`, `segment_attention_kernel`: attention.cuh), reading each
 //! row's segment, cache length and cache planes from a segment table staged with the inputs.
 //!
-//! One topic, the model's forward, needs just over 600 lines here: its two paths share the
-//! staging of the inputs, the graph capture and the outputs, and splitting them would put one
-//! forward in two headers.
+//! One topic, the model's forward, needs about 900 lines here: its two paths and the forward over
+//! segments share the staging of the inputs, the graph capture, the reference path's layers and
+//! the outputs, and splitting them would put one forward in several headers.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
