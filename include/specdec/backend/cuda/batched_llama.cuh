@@ -6,7 +6,7 @@
 //! product together (cuBLAS, one call per product for the whole batch) and the KV appends and
 //! attention per segment against its own cache (`cuda_llama::forward` over `cuda_llama_segment`s:
 //! the reference path with the segment kernels when several segments are scored; a forward of a
-//! single segment takes the fused kernels).
+//! single segment takes the single-sequence paths, fused kernels for short forwards, uncaptured).
 //!
 //! Caches: one per slot, made when the slot is first used, at the model's full context (a device
 //! cache is allocated at its capacity); it is kept when the slot is released and serves the next
