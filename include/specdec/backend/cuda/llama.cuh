@@ -21,9 +21,16 @@
 //! `forward_result` as the CPU backend; `forward(req, cuda_forward_result&)` (and
 //! `forward_device`) leave the logits on the device for the CUDA verifiers.
 //!
-//! One topic, the model's forward, needs just over 600 lines here: its two paths share the
-//! staging of the inputs, the graph capture and the outputs, and splitting them would put one
-//! forward in two headers.
+//! Several sequences at once: `forward` over `cuda_llama_segment`s scores each segment against its
+//! own cache (`make_cache`) in one pass over the weights, what `cuda_batched_llama`
+//! (batched_llama.cuh) builds on. One segment takes the paths above; several take the reference
+//! path with every segment's rows in each product together, and the KV append and attention per
+//! segment (`segment_kv_append_kernel`, `segment_attention_kernel`: attention.cuh), reading each
+//! row's segment, cache length and cache planes from a segment table staged with the inputs.
+//!
+//! One topic, the model's forward, needs about 900 lines here: its two paths and the forward over
+//! segments share the staging of the inputs, the graph capture, the reference path's layers and
+//! the outputs, and splitting them would put one forward in several headers.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -83,7 +90,19 @@ struct cuda_llama_options {
 
 #if defined(__CUDACC__)
 
+//! One sequence's part of a multi-sequence `cuda_llama::forward`: its tokens, positions, mask and
+//! logits rows (`request`, as a single-sequence forward takes them; its mask covers the segment's
+//! own tokens: a sequence never sees another's) scored against `cache`, a cache made by
+//! `cuda_llama::make_cache` (or the model's own `cache()`).
+struct cuda_llama_segment {
+  cuda_kv_cache* cache = nullptr;  //!< the sequence's cache (not null)
+  forward_request request;         //!< its tokens, as for a single-sequence forward
+};
+
 //! The Llama architecture on a CUDA device (see the file comment). Satisfies `causal_lm`.
+//! `forward` over `cuda_llama_segment`s scores several sequences, each against its own cache, in
+//! one pass over the weights (the rows of every segment go through each matrix product together;
+//! the KV appends and attention run per segment).
 //!
 //! Not thread-safe: one forward at a time. All work runs on the model's own stream.
 class cuda_llama {
@@ -180,12 +199,72 @@ class cuda_llama {
   //! Forward shapes captured as graphs so far.
   [[nodiscard]] std::size_t graphs_captured() const noexcept { return graphs_.size(); }
 
+  //! A new, empty cache for one sequence of this model, for `forward` over `cuda_llama_segment`s:
+  //! max_context() entries, allocated on the device now (throws `errc::out_of_memory` when the
+  //! device cannot hold them), operated on the model's stream.
+  [[nodiscard]] std::unique_ptr<cuda_kv_cache> make_cache() const {
+    return std::make_unique<cuda_kv_cache>(config_.n_layers, config_.kv_dim(), max_context_,
+                                           stream_);
+  }
+
   //! Scores `req` (see `forward_request`) and appends its KV entries; writes the logits (and
   //! hidden rows and the requested layers' residual streams) into `out` on the host. Waits for
   //! the device.
   void forward(forward_request const& req, forward_result& out) {
-    std::size_t const rows = run(req);
-    std::size_t const n = req.tokens.size();
+    std::size_t const rows = run(req, *cache_);
+    copy_out(req, req.tokens.size(), rows, out);
+  }
+
+  //! Scores every segment against its own cache in one pass over the weights (see the class
+  //! comment), as a single-sequence forward of its request against that cache would, and appends
+  //! each segment's KV entries to its cache; waits for the device. `out.logits` holds the logits
+  //! rows of every segment one after the other (segment s's `logits_rows`, or all its rows when
+  //! empty, in request order). `want_hidden`, `hidden_layer` / `hidden_layers` and `skip_layers`
+  //! apply to the whole batch, so every segment must give the same ones; hidden rows are those of
+  //! every batch row, segment after segment. One segment takes the single-sequence paths (fused
+  //! kernels; captured graphs when its cache is the model's own), several the reference path.
+  //! Throws `specdec::error`, leaving every cache unchanged: `errc::invalid_argument` for no
+  //! segment, a null cache or one given twice, a cache of another shape, or segments that disagree
+  //! on the batch-wide fields; for a malformed segment request or one its cache cannot take, the
+  //! single-sequence forward's error prefixed with "segment s: " (when there are several).
+  void forward(std::span<cuda_llama_segment const> segments, forward_result& out) {
+    check_segments(segments);
+    forward_request const& first = segments[0].request;
+    std::size_t n = 0;
+    for (cuda_llama_segment const& seg : segments) n += seg.request.tokens.size();
+    std::size_t const rows =
+        segments.size() == 1 ? run(first, *segments[0].cache) : run_segments(segments, n);
+    copy_out(first, n, rows, out);
+  }
+
+  //! Like `forward`, but leaves the logits on the device (valid until the next forward) and does
+  //! not wait for the device. Hidden rows are not available this way (`want_hidden` and
+  //! `hidden_layer` / `hidden_layers` must be unset).
+  void forward(forward_request const& req, cuda_forward_result& out) {
+    SPECDEC_CHECK(!req.want_hidden && req.requested_layers().empty(), invalid_argument,
+                  "cuda_llama::forward: a device result carries no hidden rows");
+    std::size_t const rows = run(req, *cache_);
+    out.vocab = vocab_size();
+    out.logits_count = rows;
+    out.logits = cuda::device_rows(logits_.data(), rows, vocab_size());
+  }
+
+  //! Like `forward`, but leaves the logits on the device: returns a [rows, vocab] view of device
+  //! memory, valid until the next forward. Does not synchronise the stream.
+  [[nodiscard]] matrix_view<float const> forward_device(forward_request const& req) {
+    std::size_t const rows = run(req, *cache_);
+    return matrix_view<float const>(logits_.data(), rows, vocab_size());
+  }
+
+ private:
+  static llama_weights const& deref(std::shared_ptr<llama_weights const> const& w) {
+    SPECDEC_CHECK(w != nullptr, invalid_argument, "cuda_llama: null weights");
+    return *w;
+  }
+
+  // Copies the logits of `rows` rows (and the hidden rows and requested layers' residual streams
+  // of `n` batch rows, as `req` asks) into `out` on the host and waits for the device.
+  void copy_out(forward_request const& req, std::size_t n, std::size_t rows, forward_result& out) {
     std::size_t const v = vocab_size(), d = hidden_size();
     out.vocab = v;
     out.hidden_size = d;
@@ -215,31 +294,6 @@ class cuda_llama {
     out.layer_count = layers;
   }
 
-  //! Like `forward`, but leaves the logits on the device (valid until the next forward) and does
-  //! not wait for the device. Hidden rows are not available this way (`want_hidden` and
-  //! `hidden_layer` / `hidden_layers` must be unset).
-  void forward(forward_request const& req, cuda_forward_result& out) {
-    SPECDEC_CHECK(!req.want_hidden && req.requested_layers().empty(), invalid_argument,
-                  "cuda_llama::forward: a device result carries no hidden rows");
-    std::size_t const rows = run(req);
-    out.vocab = vocab_size();
-    out.logits_count = rows;
-    out.logits = cuda::device_rows(logits_.data(), rows, vocab_size());
-  }
-
-  //! Like `forward`, but leaves the logits on the device: returns a [rows, vocab] view of device
-  //! memory, valid until the next forward. Does not synchronise the stream.
-  [[nodiscard]] matrix_view<float const> forward_device(forward_request const& req) {
-    std::size_t const rows = run(req);
-    return matrix_view<float const>(logits_.data(), rows, vocab_size());
-  }
-
- private:
-  static llama_weights const& deref(std::shared_ptr<llama_weights const> const& w) {
-    SPECDEC_CHECK(w != nullptr, invalid_argument, "cuda_llama: null weights");
-    return *w;
-  }
-
   void check_attention_limits() {
     int device = 0;
     SPECDEC_CUDA_CHECK(cudaGetDevice(&device));
@@ -251,12 +305,15 @@ class cuda_llama {
                   max_context_, " tokens needs ", need,
                   " bytes of shared memory per attention block; the device allows ", optin);
     // Every instantiation the forwards launch: float output (fused path, float32 weights) and the
-    // dtype's (reference path).
+    // dtype's (reference path, one sequence or several segments).
     SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<float>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(need)));
     cuda::detail::with_dtype(weights_->dtype(), [&]<class T>(T) {
       SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<T>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(need)));
+      SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::segment_attention_kernel<T>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(need)));
     });
@@ -335,23 +392,25 @@ class cuda_llama {
   // The device addresses of the staged inputs of one forward, and what the launches need to know
   // about them.
   struct staged_inputs {
-    std::int32_t const* start;      // [1] cache length before the forward
-    std::int32_t const* tokens;     // [n]
-    std::int32_t const* positions;  // [n]
-    std::int32_t const* rows;       // [rows] logits rows
-    std::uint64_t const* mask;      // [n, mask_stride] or null (causal)
-    std::size_t mask_stride;        // 64-bit words per mask row
-    std::size_t words;              // 32-bit words staged
-    std::size_t attention_keys;     // keys the attention's shared memory is sized for
+    std::int32_t const* start;             // [1] cache length before the forward (one sequence)
+    std::int32_t const* tokens;            // [n]
+    std::int32_t const* positions;         // [n]
+    std::int32_t const* rows;              // [rows] logits rows (batch rows)
+    std::uint64_t const* mask;             // [n, mask_stride] or null (causal; one sequence)
+    std::size_t mask_stride;               // 64-bit words per mask row
+    std::size_t words;                     // 32-bit words staged
+    std::size_t attention_keys;            // keys the attention's shared memory is sized for
+    cuda_kv_cache* cache;                  // the cache of a one-sequence forward (null: segments)
+    cuda::detail::segment_table segments;  // the segments of a multi-sequence forward
   };
 
-  // Runs the forward on the device; returns the number of logits rows (in logits_).
-  std::size_t run(forward_request const& req) {
+  // The checks of one request against the cache it is scored with.
+  void check_request(forward_request const& req, cuda_kv_cache const& cache) const {
     req.validate(vocab_size(), max_context_);
     std::size_t const n = req.tokens.size();
-    std::size_t const start = cache_->size();
-    SPECDEC_CHECK(n <= cache_->capacity() - start, context_overflow, "cuda_llama::forward: ", n,
-                  " tokens do not fit in a cache holding ", start, " of ", cache_->capacity());
+    std::size_t const start = cache.size();
+    SPECDEC_CHECK(n <= cache.capacity() - start, context_overflow, "cuda_llama::forward: ", n,
+                  " tokens do not fit in a cache holding ", start, " of ", cache.capacity());
     for (std::int32_t layer : req.skip_layers)
       SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
                     "cuda_llama::forward: skip layer ", layer, " of a model with ",
@@ -363,22 +422,32 @@ class cuda_llama {
       SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
                     "cuda_llama::forward: hidden layer ", layer, " of a model with ",
                     config_.n_layers, " layers");
-    std::span<std::int32_t const> const wanted = req.requested_layers();
-    std::size_t const rows = req.logits_rows.empty() ? n : req.logits_rows.size();
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
+  }
+
+  // Runs the forward of one sequence against `cache` on the device; returns the number of logits
+  // rows (in logits_). Forwards against the model's own cache may be captured as graphs (a graph
+  // holds the cache's addresses).
+  std::size_t run(forward_request const& req, cuda_kv_cache& cache) {
+    check_request(req, cache);
+    std::size_t const n = req.tokens.size();
+    std::size_t const start = cache.size();
+    std::span<std::int32_t const> const wanted = req.requested_layers();
+    std::size_t const rows = req.logits_rows.empty() ? n : req.logits_rows.size();
+    std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     reserve_batch(std::max(n, rows), std::max<std::size_t>(wanted.size(), 1));
     reserve_inputs(1 + 2 * n + rows + 1 + 2 * n * words);
 
     // The host staging may still feed the previous forward's copy.
     SPECDEC_CUDA_CHECK(cudaEventSynchronize(inputs_free_));
     bool const fused = fused_for(n, rows);
+    bool const captured = fused && options_.graphs && &cache == cache_.get();
     // A launch that may be captured reads the cache length on the device: its shared memory must
     // cover every length.
-    staged_inputs const in =
-        stage(req, start, n, rows, words, fused && options_.graphs ? max_context_ : start + n);
-    if (fused && options_.graphs) {
+    staged_inputs const in = stage(req, cache, n, rows, words, captured ? max_context_ : start + n);
+    if (captured) {
       cuda::forward_shape shape{.tokens = static_cast<std::int32_t>(n),
                                 .rows = static_cast<std::int32_t>(rows),
                                 .mask_words = static_cast<std::int32_t>(words),
@@ -399,16 +468,147 @@ class cuda_llama {
       enqueue(req, n, rows, in, fused);
     }
     SPECDEC_CUDA_CHECK(cudaEventRecord(inputs_free_, stream_));
-    cache_->commit_append(n);
+    cache.commit_append(n);
+    return rows;
+  }
+
+  // The checks of a forward over segments, all before any change (see that `forward`).
+  void check_segments(std::span<cuda_llama_segment const> segments) const {
+    SPECDEC_CHECK(!segments.empty(), invalid_argument, "cuda_llama::forward: no segments");
+    std::size_t const count = segments.size();
+    forward_request const& first = segments[0].request;
+    for (std::size_t s = 0; s < count; ++s) {
+      cuda_kv_cache const* const c = segments[s].cache;
+      forward_request const& req = segments[s].request;
+      SPECDEC_CHECK(c != nullptr, invalid_argument, "cuda_llama::forward: segment ", s,
+                    " has no cache");
+      SPECDEC_CHECK(c->n_layers() == config_.n_layers && c->kv_dim() == config_.kv_dim() &&
+                        c->capacity() == max_context_,
+                    invalid_argument, "cuda_llama::forward: the cache of segment ", s, " (",
+                    c->n_layers(), " layers x ", c->kv_dim(), " floats, ", c->capacity(),
+                    " entries) was not made for this model (", config_.n_layers, " layers x ",
+                    config_.kv_dim(), " floats, ", max_context_, " entries)");
+      for (std::size_t j = 0; j < s; ++j)
+        SPECDEC_CHECK(segments[j].cache != c, invalid_argument, "cuda_llama::forward: segments ", j,
+                      " and ", s, " score the same cache");
+      if (count == 1) {
+        check_request(req, *c);
+      } else {
+        try {
+          check_request(req, *c);
+        } catch (error const& e) {
+          throw detail::with_context(e, detail::concat("segment ", s, ": "));
+        }
+      }
+      SPECDEC_CHECK(req.want_hidden == first.want_hidden &&
+                        req.hidden_layer == first.hidden_layer &&
+                        std::ranges::equal(req.hidden_layers, first.hidden_layers) &&
+                        std::ranges::equal(req.skip_layers, first.skip_layers),
+                    invalid_argument, "cuda_llama::forward: segment ", s,
+                    " asks for other hidden rows or skipped layers than segment 0 (they apply to "
+                    "the whole batch)");
+    }
+  }
+
+  // Runs the forward of several checked segments (`n` tokens in all) on the device: the reference
+  // path with the segment kernels. Returns the number of logits rows (in logits_, segment after
+  // segment).
+  std::size_t run_segments(std::span<cuda_llama_segment const> segments, std::size_t n) {
+    std::size_t const count = segments.size();
+    forward_request const& first = segments[0].request;
+    std::size_t rows = 0, mask_words = 0, longest = 0;
+    for (cuda_llama_segment const& seg : segments) {
+      forward_request const& r = seg.request;
+      std::size_t const ns = r.tokens.size();
+      rows += r.logits_rows.empty() ? ns : r.logits_rows.size();
+      mask_words += r.mask.empty() ? 0 : ns * r.mask_stride;
+      longest = std::max(longest, seg.cache->size() + ns);
+    }
+    constexpr auto limit = static_cast<std::size_t>(INT32_MAX) / 8;
+    SPECDEC_CHECK(n <= limit && rows <= limit && mask_words <= limit, out_of_range,
+                  "cuda_llama::forward: a batch of ", n, " tokens, ", rows, " logits rows and ",
+                  mask_words, " mask words is too large");
+    // Staged: start (unused) | tokens | positions | logits rows | row segment | first | count |
+    // cache length | mask offset | mask stride | masks (as 32-bit halves, 8-byte aligned) | the
+    // cache planes [layers, segments, 2] (pointers, as 32-bit halves).
+    auto const layers = static_cast<std::size_t>(config_.n_layers);
+    std::size_t const meta_at = 1 + 2 * n + rows;
+    std::size_t const masks_at = (meta_at + n + 5 * count + 1) & ~std::size_t{1};
+    std::size_t const planes_at = masks_at + 2 * mask_words;
+    std::size_t const words = planes_at + 2 * layers * count * 2;
+    reserve_batch(std::max(n, rows), std::max<std::size_t>(first.requested_layers().size(), 1));
+    reserve_inputs(words);
+
+    // The host staging may still feed the previous forward's copy.
+    SPECDEC_CUDA_CHECK(cudaEventSynchronize(inputs_free_));
+    std::int32_t* const host = host_inputs_;
+    std::int32_t* const meta = host + meta_at;
+    host[0] = 0;
+    std::size_t row = 0, logits_row = 0, mask_at = 0;
+    for (std::size_t s = 0; s < count; ++s) {
+      forward_request const& r = segments[s].request;
+      std::size_t const ns = r.tokens.size();
+      std::copy(r.tokens.begin(), r.tokens.end(), host + 1 + row);
+      std::copy(r.positions.begin(), r.positions.end(), host + 1 + n + row);
+      std::size_t const want = r.logits_rows.empty() ? ns : r.logits_rows.size();
+      for (std::size_t i = 0; i < want; ++i)
+        host[1 + 2 * n + logits_row++] =
+            static_cast<std::int32_t>(row) +
+            (r.logits_rows.empty() ? static_cast<std::int32_t>(i) : r.logits_rows[i]);
+      std::fill(meta + row, meta + row + ns, static_cast<std::int32_t>(s));
+      std::size_t const stride = r.mask.empty() ? 0 : r.mask_stride;
+      meta[n + s] = static_cast<std::int32_t>(row);
+      meta[n + count + s] = static_cast<std::int32_t>(ns);
+      meta[n + 2 * count + s] = static_cast<std::int32_t>(segments[s].cache->size());
+      meta[n + 3 * count + s] = stride == 0 ? -1 : static_cast<std::int32_t>(mask_at);
+      meta[n + 4 * count + s] = static_cast<std::int32_t>(stride);
+      if (stride != 0)
+        std::memcpy(host + masks_at + 2 * mask_at, r.mask.data(),
+                    ns * stride * sizeof(std::uint64_t));
+      mask_at += ns * stride;
+      row += ns;
+    }
+    for (std::size_t l = 0; l < layers; ++l)
+      for (std::size_t s = 0; s < count; ++s) {
+        auto const layer = static_cast<std::int32_t>(l);
+        float* const planes[2] = {segments[s].cache->keys(layer), segments[s].cache->values(layer)};
+        std::memcpy(host + planes_at + 2 * (l * count + s) * 2, planes, sizeof(planes));
+      }
+
+    std::int32_t const* d = inputs_.data();
+    cuda::detail::segment_table const table{
+        .row_segment = d + meta_at,
+        .first = d + meta_at + n,
+        .count = d + meta_at + n + count,
+        .cache_len = d + meta_at + n + 2 * count,
+        .mask_offset = d + meta_at + n + 3 * count,
+        .mask_stride = d + meta_at + n + 4 * count,
+        .masks = mask_words != 0 ? reinterpret_cast<std::uint64_t const*>(d + masks_at) : nullptr,
+        .planes = reinterpret_cast<float* const*>(d + planes_at),
+        .segments = static_cast<std::int32_t>(count)};
+    staged_inputs const in{.start = d,
+                           .tokens = d + 1,
+                           .positions = d + 1 + n,
+                           .rows = d + 1 + 2 * n,
+                           .mask = nullptr,
+                           .mask_stride = 0,
+                           .words = words,
+                           .attention_keys = longest,
+                           .cache = nullptr,
+                           .segments = table};
+    enqueue(first, n, rows, in, false);
+    SPECDEC_CUDA_CHECK(cudaEventRecord(inputs_free_, stream_));
+    for (cuda_llama_segment const& seg : segments)
+      seg.cache->commit_append(seg.request.tokens.size());
     return rows;
   }
 
   // Writes start | tokens | positions | logits rows | mask (as 32-bit halves, 8-byte aligned)
   // into the pinned staging buffer.
-  staged_inputs stage(forward_request const& req, std::size_t start, std::size_t n,
+  staged_inputs stage(forward_request const& req, cuda_kv_cache& cache, std::size_t n,
                       std::size_t rows, std::size_t words, std::size_t attention_keys) {
     std::int32_t* host = host_inputs_;
-    host[0] = static_cast<std::int32_t>(start);
+    host[0] = static_cast<std::int32_t>(cache.size());
     std::copy(req.tokens.begin(), req.tokens.end(), host + 1);
     std::copy(req.positions.begin(), req.positions.end(), host + 1 + n);
     for (std::size_t r = 0; r < rows; ++r)
@@ -429,7 +629,9 @@ class cuda_llama {
                          words != 0 ? reinterpret_cast<std::uint64_t const*>(d + mask_at) : nullptr,
                          words,
                          staged,
-                         attention_keys};
+                         attention_keys,
+                         &cache,
+                         {}};
   }
 
   // Enqueues the whole forward on the stream (directly, or into a graph being captured): the
@@ -487,10 +689,7 @@ class cuda_llama {
         cuda::detail::rope_kernel<<<ni, threads, 0, stream_>>>(
             qkv_.data(), in.positions, static_cast<std::int32_t>(qkv_stride), idim, ikv,
             config_.head_size(), config_.rope_theta);
-        cuda::detail::kv_append_kernel<<<ni, threads, 0, stream_>>>(
-            qkv_.data(), static_cast<std::int32_t>(qkv_stride), idim, ikv, cache_->keys(layer),
-            cache_->values(layer), in.start);
-        attention<T>(layer, n, in, att);
+        append_and_attend<T>(layer, n, in, att);
         gemm(l.wo, att, x_.data(), n, 1.0f);  // x += att Wo^T
         cuda::detail::rmsnorm_kernel<T>
             <<<ni, threads, 0, stream_>>>(x_.data(), nullptr, l.rms_ffn, xb, idim, config_.rms_eps);
@@ -543,8 +742,8 @@ class cuda_llama {
                                 .y_stride = d + 2 * kv,
                                 .positions = in.positions,
                                 .base = in.start,
-                                .keys = cache_->keys(layer),
-                                .values = cache_->values(layer),
+                                .keys = in.cache->keys(layer),
+                                .values = in.cache->values(layer),
                                 .dim = config_.dim,
                                 .kv_dim = config_.kv_dim(),
                                 .head_size = config_.head_size(),
@@ -588,15 +787,40 @@ class cuda_llama {
         stream_));
   }
 
-  // The attention of `layer` over the cache and the batch, heads' outputs written as T.
+  // The attention of `layer` over the cache and the batch (one sequence), heads' outputs written
+  // as T.
   template <class T>
   void attention(std::int32_t layer, std::size_t n, staged_inputs const& in, T* out) {
     cuda::detail::attention_kernel<T>
         <<<dim3(static_cast<unsigned>(config_.n_heads), static_cast<unsigned>(n)),
            attention_threads, attention_smem(in.attention_keys), stream_>>>(
-            qkv_.data(), config_.dim + 2 * config_.kv_dim(), cache_->keys(layer),
-            cache_->values(layer), in.start, static_cast<std::int32_t>(n), -1, in.mask,
+            qkv_.data(), config_.dim + 2 * config_.kv_dim(), in.cache->keys(layer),
+            in.cache->values(layer), in.start, static_cast<std::int32_t>(n), -1, in.mask,
             static_cast<std::int32_t>(in.mask_stride), out, config_.dim, config_.kv_dim(),
+            config_.head_size(), config_.n_heads / config_.n_kv_heads);
+  }
+
+  // The reference path's step of `layer` between the q|k|v product (RoPE applied) and the output
+  // projection: the batch's keys and values appended to the cache, then attention, heads' outputs
+  // written as T. One sequence: `kv_append_kernel` and `attention_kernel` against in.cache;
+  // several segments: their twins reading the segment table, each row against its own cache.
+  template <class T>
+  void append_and_attend(std::int32_t layer, std::size_t n, staged_inputs const& in, T* out) {
+    auto const ni = static_cast<unsigned>(n);
+    auto const qkv_stride = config_.dim + 2 * config_.kv_dim();
+    if (in.segments.segments == 0) {
+      cuda::detail::kv_append_kernel<<<ni, cuda::detail::block_threads, 0, stream_>>>(
+          qkv_.data(), qkv_stride, config_.dim, config_.kv_dim(), in.cache->keys(layer),
+          in.cache->values(layer), in.start);
+      attention<T>(layer, n, in, out);
+      return;
+    }
+    cuda::detail::segment_kv_append_kernel<<<ni, cuda::detail::block_threads, 0, stream_>>>(
+        qkv_.data(), qkv_stride, config_.dim, config_.kv_dim(), in.segments, layer);
+    cuda::detail::segment_attention_kernel<T>
+        <<<dim3(static_cast<unsigned>(config_.n_heads), ni), attention_threads,
+           attention_smem(in.attention_keys), stream_>>>(
+            qkv_.data(), qkv_stride, in.segments, layer, out, config_.dim, config_.kv_dim(),
             config_.head_size(), config_.n_heads / config_.n_kv_heads);
   }
 
