@@ -91,10 +91,16 @@ double seconds_of(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-//! Drafts the target's own greedy continuation `sequence` (prompt included), each drafted token
-//! replaced by another one with probability 1 - acceptance (its own Philox stream), so that each
-//! draft token is accepted with probability `acceptance` given its predecessors were (greedy
-//! verification).
+//! Drafts the target's own greedy continuation `sequence` (prompt included), with the token at each
+//! position replaced by another one with probability 1 - acceptance, so that each draft token is
+//! accepted with probability `acceptance` given its predecessors were (greedy verification).
+//!
+//! Which positions are replaced is drawn once per sequence from `seed` (Philox), not per draft: a
+//! position is tested when it is the first drafted one past the committed tokens, and its draw is
+//! independent of every other position's, so the acceptance model is the same whatever the draft
+//! length; and every draft length meets the same replaced positions. Policies that differ only in
+//! how much they draft are then compared on the same luck (common random numbers), which removes
+//! most of the run-to-run spread of a short request.
 class oracle_proposer {
  public:
   static constexpr bool produces_trees = false;
@@ -103,13 +109,16 @@ class oracle_proposer {
 
   oracle_proposer(std::vector<specdec::token_id> sequence, std::size_t k, double acceptance,
                   std::size_t vocab, std::uint64_t seed)
-      : sequence_(std::move(sequence)),
-        k_(k),
-        acceptance_(acceptance),
-        vocab_(vocab),
-        seed_(seed) {}
+      : sequence_(std::move(sequence)), k_(k), drafted_(sequence_) {
+    specdec::philox rng(seed, 0, 0);
+    for (specdec::token_id& token : drafted_) {
+      if (static_cast<double>(rng.uniform()) < acceptance) continue;
+      auto const shift = 1 + rng.next_u32() % static_cast<std::uint32_t>(vocab - 1);
+      token = static_cast<specdec::token_id>((static_cast<std::size_t>(token) + shift) % vocab);
+    }
+  }
 
-  void begin(std::span<specdec::token_id const>) { rng_ = specdec::philox(seed_, 0, 0); }
+  void begin(std::span<specdec::token_id const>) {}
 
   void propose(specdec::propose_context const& ctx, specdec::draft_tree& tree) {
     tree.reset(ctx.tokens.back());
@@ -118,14 +127,7 @@ class oracle_proposer {
                   "oracle_proposer: the committed tokens left the greedy continuation at ", t);
     std::size_t const n = std::min({k_, ctx.max_nodes, sequence_.size() - t});
     specdec::node_index parent = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      specdec::token_id token = sequence_[t + i];
-      if (static_cast<double>(rng_.uniform()) >= acceptance_) {
-        auto const shift = 1 + rng_.next_u32() % static_cast<std::uint32_t>(vocab_ - 1);
-        token = static_cast<specdec::token_id>((static_cast<std::size_t>(token) + shift) % vocab_);
-      }
-      parent = tree.add_node(parent, token);
-    }
+    for (std::size_t i = 0; i < n; ++i) parent = tree.add_node(parent, drafted_[t + i]);
   }
 
   void accept(specdec::verify_result const&) noexcept {}
@@ -134,12 +136,9 @@ class oracle_proposer {
   [[nodiscard]] std::size_t max_nodes() const noexcept { return k_; }
 
  private:
-  std::vector<specdec::token_id> sequence_;
+  std::vector<specdec::token_id> sequence_;  // the greedy continuation
   std::size_t k_;
-  double acceptance_;
-  std::size_t vocab_;
-  std::uint64_t seed_;
-  specdec::philox rng_{0};
+  std::vector<specdec::token_id> drafted_;  // what is drafted at each position
 };
 
 }  // namespace bench

@@ -413,6 +413,72 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   CHECK(c.predict(16) == doctest::Approx(2.0 * at16));
 }
 
+namespace {
+
+// Drafts one token that greedy verification rejects: the greedy continuation's token + 1.
+struct wrong_proposer {
+  static constexpr bool produces_trees = false;
+  std::vector<sd::token_id> sequence;  // prompt and greedy continuation
+  void begin(std::span<sd::token_id const>) {}
+  void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
+    tree.reset(ctx.tokens.back());
+    std::size_t const t = ctx.tokens.size();
+    if (ctx.max_nodes > 0 && t < sequence.size())
+      tree.add_node(0, static_cast<sd::token_id>((sequence[t] + 1) % 512));
+  }
+  void accept(sd::verify_result const&) {}
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return 1; }
+};
+
+// Drafts one token on the first step, none after; records the acceptance estimates it is given.
+struct recording_policy {
+  std::vector<double>* seen;
+  void choose(std::span<sd::speculation_request const> requests, std::span<std::size_t> draft) {
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      draft[i] = seen->empty() ? std::min<std::size_t>(1, requests[i].max_draft) : 0;
+      seen->push_back(requests[i].acceptance);
+    }
+  }
+  void observe(sd::step_cost const&) {}
+};
+
+}  // namespace
+
+TEST_CASE("batch_decoder: an unlucky batch's acceptance estimate returns to the prior") {
+  // A batch of one request whose only draft is rejected: its estimate falls below the prior,
+  // then, with no new evidence, rises back toward it as the counts decay (the batch's rate has
+  // the configured prior as its own prior), so speculation is not switched off for good.
+  auto const prompts = fixture::encoded_prompts();
+  job j{prompts[0], policy_of(0.0f), {}};
+  j.config.max_new_tokens = 40;
+  j.config.max_draft_nodes = 0;
+  std::vector<sd::token_id> sequence = prompts[0];
+  std::vector<sd::token_id> const greedy = alone(j).tokens;
+  sequence.insert(sequence.end(), greedy.begin(), greedy.end());
+  j.config.max_draft_nodes.reset();
+
+  sd::cpu_batched_llama target = batched_model(1);
+  using wrongs = sd::per_request_proposer<wrong_proposer>;
+  wrongs proposer([&] { return wrong_proposer{sequence}; });
+  std::vector<double> seen;
+  sd::batch_decoder<sd::cpu_batched_llama, wrongs, sd::tree_verifier, sd::sampler, recording_policy>
+      decoder(target, proposer, {}, recording_policy{&seen},
+              {.acceptance_prior = 0.5, .acceptance_prior_weight = 2.0});
+  std::uint64_t const id = decoder.submit(j.prompt, j.policy, j.config);
+  decoder.run();
+  auto const got = decoder.take(id);
+  REQUIRE(got.has_value());
+  CHECK(got->result.tokens == greedy);  // a rejected draft changes nothing
+  CHECK(decoder.stats().drafted == 1);
+  CHECK(decoder.stats().accepted == 0);
+  REQUIRE(seen.size() > 20);
+  CHECK(seen[0] == doctest::Approx(0.5));  // the prior before any evidence
+  CHECK(seen[1] < 0.3);                    // one rejection
+  for (std::size_t i = 2; i < seen.size(); ++i) CHECK(seen[i] > seen[i - 1]);
+  CHECK(seen.back() > 0.45);
+  CHECK(seen.back() < 0.5);
+}
+
 TEST_CASE("batch_decoder: a batched draft model drafts for every request as it would alone") {
   // The trained draft of the fixture serves the whole batch from its own slots; greedy
   // candidates and sampled chains (speculative sampling) equal draft_model_proposer alone.

@@ -87,8 +87,10 @@ struct batch_decoder_config {
   //! tokens over the tested ones (accepted, plus the first rejected), both counts decayed by this
   //! factor per step, in [0, 1). Its prior, counted as `acceptance_prior_weight` tested
   //! tokens, is the batch's own acceptance (the same counts over every request, decayed per step),
-  //! or `acceptance_prior` before anything was drafted: a request that has drafted little borrows
-  //! the rate of the others (so one unlucky first step does not switch it off for long).
+  //! which has `acceptance_prior` as its own prior with the same weight: a request that has
+  //! drafted little borrows the rate of the others, and when the whole batch was unlucky (a batch
+  //! of one request, say) the estimates drift back to `acceptance_prior` as the evidence decays,
+  //! so one unlucky step does not switch speculation off for long.
   double acceptance_decay = 0.9;
   double acceptance_prior = 0.5;         //!< in [0, 1]
   double acceptance_prior_weight = 2.0;  //!< >= 0
@@ -124,23 +126,30 @@ struct batch_result {
 
 //! What a `batch_decoder`'s steps did, all requests together.
 struct batch_stats {
-  std::size_t steps = 0;          //!< batched steps (one target forward each)
-  std::size_t request_steps = 0;  //!< requests summed over steps
-  std::size_t max_batch = 0;      //!< most requests in one step
-  std::size_t rows = 0;           //!< target forward rows (prompts included)
-  std::size_t prefill_rows = 0;   //!< of which prompt rows
-  std::size_t drafted = 0;        //!< draft tokens scored
-  std::size_t accepted = 0;       //!< draft tokens accepted
-  std::size_t committed = 0;      //!< tokens emitted
-  std::size_t finished = 0;       //!< requests that ended (failed ones included)
-  std::size_t failed = 0;         //!< requests that failed
-  double forward_seconds = 0.0;   //!< in target forwards
-  double propose_seconds = 0.0;   //!< in the proposer
-  double seconds = 0.0;           //!< wall time of every step
+  std::size_t steps = 0;              //!< batched steps (one target forward each)
+  std::size_t request_steps = 0;      //!< requests summed over steps
+  std::size_t max_batch = 0;          //!< most requests in one step
+  std::size_t rows = 0;               //!< target forward rows (prompts included)
+  std::size_t prefill_rows = 0;       //!< of which prompt rows
+  std::size_t drafted = 0;            //!< draft tokens scored
+  std::size_t accepted = 0;           //!< draft tokens accepted
+  std::size_t committed = 0;          //!< tokens emitted
+  std::size_t finished = 0;           //!< requests that ended (failed ones included)
+  std::size_t failed = 0;             //!< requests that failed
+  double forward_seconds = 0.0;       //!< in target forwards
+  double propose_seconds = 0.0;       //!< in the proposer
+  double seconds = 0.0;               //!< wall time of every step
+  double prefill_seconds = 0.0;       //!< of which steps that scored prompt rows
+  std::size_t prefill_committed = 0;  //!< tokens emitted by those steps
 
   //! Committed tokens per second of step time (goodput).
   [[nodiscard]] double tokens_per_second() const noexcept {
     return seconds > 0.0 ? static_cast<double>(committed) / seconds : 0.0;
+  }
+  //! Committed tokens per second of the steps without prompt rows: the decode phase alone.
+  [[nodiscard]] double decode_tokens_per_second() const noexcept {
+    double const t = seconds - prefill_seconds;
+    return t > 0.0 ? static_cast<double>(committed - prefill_committed) / t : 0.0;
   }
   //! Mean requests per step.
   [[nodiscard]] double mean_batch() const noexcept {
@@ -251,6 +260,8 @@ class batch_decoder {
   //! throws; request failures do not throw.
   std::size_t step() {
     auto const start = std::chrono::steady_clock::now();
+    step_committed_ = stats_.committed;
+    step_prefilled_ = false;
     if (!prepared_) {
       if constexpr (requires(Speculation & s, Model & m) { s.prepare(m); })
         speculation_.prepare(*target_);
@@ -281,8 +292,12 @@ class batch_decoder {
       std::size_t limit = std::min(r->budget, r->capacity - base - 1);
       if constexpr (!produces_trees_v<Proposer>) limit = std::min(limit, r->sink.remaining() - 1);
       double const w = config_.acceptance_prior_weight;
+      // The batch's rate, itself with `acceptance_prior` as its prior: when every request was
+      // unlucky (a batch of one, say), the estimates return to the prior as the evidence fades.
       double const prior =
-          batch_tested_ > 0.0 ? batch_accepted_ / batch_tested_ : config_.acceptance_prior;
+          batch_tested_ + w > 0.0
+              ? (batch_accepted_ + config_.acceptance_prior * w) / (batch_tested_ + w)
+              : config_.acceptance_prior;
       spec_.push_back({.slot = r->slot,
                        .max_draft = limit,
                        .other_rows = 1 + (r->first_step ? r->prompt.size() - 1 : 0),
@@ -389,6 +404,7 @@ class batch_decoder {
     }
     stats_.rows += rows;
     stats_.prefill_rows += prefill_rows;
+    step_prefilled_ = prefill_rows > 0;
     return finish_step(start, rows, forward_seconds, propose_seconds, drafted);
   }
 
@@ -747,6 +763,10 @@ class batch_decoder {
     stats_.forward_seconds += forward_seconds;
     stats_.propose_seconds += propose_seconds;
     stats_.seconds += seconds;
+    if (step_prefilled_) {
+      stats_.prefill_seconds += seconds;
+      stats_.prefill_committed += stats_.committed - step_committed_;
+    }
     if (rows > 0)
       speculation_.observe(step_cost{
           .requests = in_step,
@@ -777,6 +797,8 @@ class batch_decoder {
   bool prepared_ = false;
   request_id next_id_ = 0;
   double batch_accepted_ = 0.0, batch_tested_ = 0.0;  // decayed counts over every request
+  std::size_t step_committed_ = 0;                    // stats_.committed when the step began
+  bool step_prefilled_ = false;                       // whether the step scored prompt rows
   std::deque<std::unique_ptr<request>> waiting_;
   std::vector<std::unique_ptr<request>> running_;  // in admission order
   std::unordered_map<request_id, batch_result> results_;
