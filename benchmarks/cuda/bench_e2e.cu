@@ -9,7 +9,11 @@
 //    cuda_llama) with k = 3 and k = 4, and prompt lookup (a chain: n-grams 3..1, k = 4), each on
 //    the device-resident step (cuda::step_verifier: the target's rows stay on the device); the
 //    draft model with k = 4 also with host verification (greedy_verifier on downloaded rows), to
-//    show what the device step saves. Counters: tokens/s of both (generated tokens over wall
+//    show what the device step saves; and the heads (the fixture's Medusa and Hydra heads with
+//    their committed sparse trees, the EAGLE-1 and EAGLE-3 heads with dynamic trees of depth 8,
+//    top-6, 32 nodes) on the device (cuda_medusa_heads, cuda_hydra_heads, cuda_eagle_head), their
+//    target forwards bringing the hidden rows to the host for the proposer and greedy_verifier.
+//    Counters: tokens/s of both (generated tokens over wall
 //    time, prefill included), their ratio, the mean accepted length; every strategy's tokens
 //    must equal the baseline's (greedy), else the benchmark fails.
 // 2. The TinyLlama-1.1B shape (random weights, 256 tokens of context) in f32, f16 and bf16: one
@@ -42,13 +46,20 @@
 
 #include "cuda/bench_common.cuh"
 #include "jsonl.hpp"
+#include "specdec/backend/cuda/eagle.cuh"
+#include "specdec/backend/cuda/heads.cuh"
 #include "specdec/backend/cuda/llama.cuh"
 #include "specdec/backend/cuda/step_verifier.cuh"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/eagle.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/eagle.hpp"
+#include "specdec/propose/hydra.hpp"
+#include "specdec/propose/medusa.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
@@ -88,6 +99,7 @@ constexpr std::size_t fixture_tokens = 128;
 
 //! The fixture's models on the device and its prompts, built once.
 struct fixture {
+  std::shared_ptr<sd::llama_weights const> weights;  // the target's, on the host (for the heads)
   std::unique_ptr<sd::cuda_llama> target;
   std::unique_ptr<sd::cuda_llama> draft;
   std::vector<std::vector<sd::token_id>> prompts;
@@ -103,6 +115,7 @@ struct fixture {
                                   "tools" / "draft" / "stories_draft.bin";
       auto const draft =
           std::make_shared<sd::llama_weights const>(sd::load_model(require(draft_file)));
+      x.weights = weights;
       x.target = std::make_unique<sd::cuda_llama>(weights);
       x.draft = std::make_unique<sd::cuda_llama>(draft);
       sd::tokenizer const tok =
@@ -214,6 +227,43 @@ void bench_prompt_lookup(benchmark::State& state) {
   run_fixture(state, decoder);
 }
 
+//! tools/<dir>/<kind> of this repository (the heads trained for the fixture).
+fs::path tools_dir(char const* dir, char const* kind) {
+  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "tools" / dir / kind;
+}
+
+void bench_heads(benchmark::State& state, bool hydra) {
+  fixture& f = fixture::get();
+  sd::llama_weights const& target = *f.weights;
+  fs::path const dir = tools_dir("heads", hydra ? "hydra" : "medusa");
+  sd::sparse_tree tree =
+      sd::sparse_tree::from_choices(sd::read_tree_choices(require(dir / sd::heads_tree_file)));
+  if (hydra) {
+    sd::cuda_hydra_heads heads(sd::load_hydra_heads(dir, target.config), target);
+    sd::hydra_proposer proposer(heads, std::move(tree));
+    sd::speculative_decoder decoder(*f.target, proposer, sd::greedy_verifier{}, sd::greedy{},
+                                    fixture_config());
+    run_fixture(state, decoder);
+  } else {
+    sd::cuda_medusa_heads heads(sd::load_medusa_heads(dir, target.config));
+    sd::medusa_proposer proposer(heads, std::move(tree));
+    sd::speculative_decoder decoder(*f.target, proposer, sd::greedy_verifier{}, sd::greedy{},
+                                    fixture_config());
+    run_fixture(state, decoder);
+  }
+}
+
+void bench_eagle(benchmark::State& state, char const* kind) {
+  fixture& f = fixture::get();
+  fs::path const dir = tools_dir("eagle", kind);
+  require(dir / "config.json");
+  sd::cuda_eagle_head head(sd::load_eagle_head(dir, f.weights));
+  sd::eagle_proposer proposer(head, sd::eagle_tree_config{.depth = 8, .top_k = 6, .nodes = 32});
+  sd::speculative_decoder decoder(*f.target, proposer, sd::greedy_verifier{}, sd::greedy{},
+                                  fixture_config());
+  run_fixture(state, decoder);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. The TinyLlama shape.
 
@@ -299,6 +349,18 @@ int main(int argc, char** argv) {
       ->Iterations(1)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
+  for (bool hydra : {false, true})
+    benchmark::RegisterBenchmark(hydra ? "fixture/hydra" : "fixture/medusa",
+                                 [hydra](benchmark::State& s) { bench_heads(s, hydra); })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  for (char const* kind : {"eagle1", "eagle3"})
+    benchmark::RegisterBenchmark((std::string("fixture/") + kind).c_str(),
+                                 [kind](benchmark::State& s) { bench_eagle(s, kind); })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   for (sd::weight_dtype t : {sd::weight_dtype::f32, sd::weight_dtype::f16, sd::weight_dtype::bf16})
     benchmark::RegisterBenchmark(("tinyllama/" + std::string(sd::to_string(t))).c_str(),
                                  [t](benchmark::State& s) { bench_tinyllama(s, t); })

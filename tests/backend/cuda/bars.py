@@ -8,7 +8,8 @@ measured against in the same run. Missing benchmarks are reported as MISSING.
 
 Bars (one H100):
 - fixture autoregressive on the GPU >= 10,000 tokens/s;
-- draft model (k = 3 or 4) >= 1.2x autoregressive, prompt lookup >= 1.3x, in the same run;
+- draft model (k = 3 or 4) >= 1.2x autoregressive, prompt lookup >= 1.3x, Medusa, Hydra and
+  EAGLE heads >= 1.8x, in the same run;
 - TinyLlama shape, bf16: a decode step <= 1.3x (step bytes / read bandwidth), 5 tokens <= 1.15x
   one token;
 - top-k 50 and top-p 0.9 sampling from logits <= 5x the copy of the rows at batch 1, <= 3x at
@@ -77,6 +78,14 @@ def main():
             detail += (f": {b.get('tok_per_s', 0):.0f} vs {b.get('base_tok_per_s', 0):.0f} "
                        f"tokens/s, accepted length {b.get('accepted_len', 0):.2f}")
         bar(f"{label} speedup", s, limit, True, detail)
+    for key, label in [("fixture/medusa", "Medusa heads"), ("fixture/hydra", "Hydra heads"),
+                       ("fixture/eagle1", "EAGLE-2 (EAGLE-1 head)"), ("fixture/eagle3", "EAGLE-3")]:
+        s, b = counter(runs, key, "speedup")
+        detail = "vs autoregressive in the same run"
+        if b is not None and s is not None:
+            detail += (f": {b.get('tok_per_s', 0):.0f} vs {b.get('base_tok_per_s', 0):.0f} "
+                       f"tokens/s, accepted length {b.get('accepted_len', 0):.2f}")
+        bar(f"{label} speedup", s, 1.8, True, detail)
     s, b = counter(runs, "fixture/draft_k4_host_verify", "speedup")
     if s is not None:
         print(f"info     draft model k=4 with host verification: {s:.3f}x")
