@@ -260,8 +260,7 @@ class batch_decoder {
   //! throws; request failures do not throw.
   std::size_t step() {
     auto const start = std::chrono::steady_clock::now();
-    step_committed_ = stats_.committed;
-    step_prefilled_ = false;
+    std::size_t const committed_before = stats_.committed;
     if (!prepared_) {
       if constexpr (requires(Speculation & s, Model & m) { s.prepare(m); })
         speculation_.prepare(*target_);
@@ -312,7 +311,7 @@ class batch_decoder {
     batch_accepted_ *= config_.acceptance_decay;
     batch_tested_ *= config_.acceptance_decay;
     compact();
-    if (running_.empty()) return finish_step(start, 0, 0.0, 0.0, 0);
+    if (running_.empty()) return finish_step(start, 0, 0.0, 0.0, 0, false, committed_before);
     draft_.assign(running_.size(), 0);
     speculation_.choose(std::span<speculation_request const>(spec_),
                         std::span<std::size_t>(draft_));
@@ -358,7 +357,8 @@ class batch_decoder {
       drafted += r.tree.num_drafted();
     }
     compact();
-    if (running_.empty()) return finish_step(start, 0, 0.0, propose_seconds, drafted);
+    if (running_.empty())
+      return finish_step(start, 0, 0.0, propose_seconds, drafted, false, committed_before);
 
     // Score: one forward over every request's segment.
     segments_.clear();
@@ -404,8 +404,8 @@ class batch_decoder {
     }
     stats_.rows += rows;
     stats_.prefill_rows += prefill_rows;
-    step_prefilled_ = prefill_rows > 0;
-    return finish_step(start, rows, forward_seconds, propose_seconds, drafted);
+    return finish_step(start, rows, forward_seconds, propose_seconds, drafted, prefill_rows > 0,
+                       committed_before);
   }
 
   //! Steps until no request waits or runs.
@@ -752,9 +752,11 @@ class batch_decoder {
   }
 
   //! The step's bookkeeping: statistics, the speculation policy's measurement, finished
-  //! requests' callbacks. Returns the requests waiting or running.
+  //! requests' callbacks (`prefilled`: the step scored prompt rows; `committed_before`:
+  //! stats_.committed when it began). Returns the requests waiting or running.
   std::size_t finish_step(std::chrono::steady_clock::time_point start, std::size_t rows,
-                          double forward_seconds, double propose_seconds, std::size_t drafted) {
+                          double forward_seconds, double propose_seconds, std::size_t drafted,
+                          bool prefilled, std::size_t committed_before) {
     std::size_t const in_step = spec_.size();
     compact();
     double const seconds = detail::seconds_since(start);
@@ -763,9 +765,9 @@ class batch_decoder {
     stats_.forward_seconds += forward_seconds;
     stats_.propose_seconds += propose_seconds;
     stats_.seconds += seconds;
-    if (step_prefilled_) {
+    if (prefilled) {
       stats_.prefill_seconds += seconds;
-      stats_.prefill_committed += stats_.committed - step_committed_;
+      stats_.prefill_committed += stats_.committed - committed_before;
     }
     if (rows > 0)
       speculation_.observe(step_cost{
@@ -797,8 +799,6 @@ class batch_decoder {
   bool prepared_ = false;
   request_id next_id_ = 0;
   double batch_accepted_ = 0.0, batch_tested_ = 0.0;  // decayed counts over every request
-  std::size_t step_committed_ = 0;                    // stats_.committed when the step began
-  bool step_prefilled_ = false;                       // whether the step scored prompt rows
   std::deque<std::unique_ptr<request>> waiting_;
   std::vector<std::unique_ptr<request>> running_;  // in admission order
   std::unordered_map<request_id, batch_result> results_;

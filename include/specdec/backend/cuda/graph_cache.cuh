@@ -22,12 +22,12 @@ namespace specdec::cuda {
 
 //! What shapes the launches of one forward (the key of a captured graph).
 struct forward_shape {
-  std::int32_t tokens = 0;                //!< batch tokens
-  std::int32_t rows = 0;                  //!< logits rows
-  std::int32_t mask_words = 0;            //!< words per mask row (0: causal)
+  std::int32_t tokens = 0;                  //!< batch tokens
+  std::int32_t rows = 0;                    //!< logits rows
+  std::int32_t mask_words = 0;              //!< words per mask row (0: causal)
   std::vector<std::int32_t> hidden_layers;  //!< residual streams copied out (requested order)
-  bool want_hidden = false;               //!< final hidden rows copied out
-  std::vector<std::int32_t> skip_layers;  //!< layers skipped, ascending
+  bool want_hidden = false;                 //!< final hidden rows copied out
+  std::vector<std::int32_t> skip_layers;    //!< layers skipped, ascending
 
   [[nodiscard]] bool operator==(forward_shape const&) const = default;
 };
