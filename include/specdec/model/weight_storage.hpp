@@ -16,7 +16,7 @@ namespace specdec::detail {
 //! The owner behind a reader's `llama_weights::storage`.
 struct weight_storage {
   std::shared_ptr<mapped_file const> map;  //!< the mapped file (may be null)
-  std::unique_ptr<float[]> owned;          //!< converted tensors, [owned_size]
+  aligned_array<float> owned;              //!< converted tensors, [owned_size], cache-line aligned
   std::size_t owned_size = 0;              //!< number of floats in `owned`
 
   //! Allocates `count` floats, uninitialised (every reader writes all of them), and returns them.
@@ -24,7 +24,7 @@ struct weight_storage {
   float* allocate(std::size_t count) {
     owned = allocate_checked(std::uint64_t{count} * sizeof(float), "model reader",
                              "converting the weights to float32",
-                             [&] { return std::make_unique_for_overwrite<float[]>(count); });
+                             [&] { return allocate_aligned<float>(count); });
     owned_size = count;
     return owned.get();
   }

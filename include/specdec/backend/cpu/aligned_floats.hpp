@@ -5,8 +5,8 @@
 
 #include <cstddef>
 #include <cstring>
-#include <memory>
-#include <new>
+
+#include "specdec/detail/memory.hpp"
 
 namespace specdec::detail::cpu {
 
@@ -17,10 +17,7 @@ class aligned_floats {
   aligned_floats() = default;
   //! `n` zeros.
   explicit aligned_floats(std::size_t n)
-      : data_(n == 0
-                  ? nullptr
-                  : static_cast<float*>(::operator new (n * sizeof(float), std::align_val_t{64}))),
-        size_(n) {
+      : data_(n == 0 ? nullptr : allocate_aligned<float>(n)), size_(n) {
     if (n != 0) std::memset(data_.get(), 0, n * sizeof(float));
   }
   //! The first float (null when empty).
@@ -31,10 +28,7 @@ class aligned_floats {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
-  struct release {
-    void operator()(float* p) const noexcept { ::operator delete (p, std::align_val_t{64}); }
-  };
-  std::unique_ptr<float, release> data_;
+  aligned_array<float> data_;
   std::size_t size_ = 0;
 };
 

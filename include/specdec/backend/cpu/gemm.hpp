@@ -188,6 +188,30 @@ inline void row_tile(float const* w, std::size_t ldw, float const* x, std::size_
   }
 }
 
+//! Batches of (narrow_from, narrow_tokens] tokens take one pass over the weights, two weight rows
+//! at a time against every token (AVX-512: 16 accumulators and 8 token registers), rather than
+//! tile_tokens-wide passes over each block of rows: a pass after the first finds the block in L1
+//! and issues no memory traffic, so the weight stream would stall for its duration. 0: none.
+inline constexpr std::size_t narrow_tokens = simd::registers == 32 ? 8 : 0;
+inline constexpr std::size_t narrow_from = 5;
+
+//! `gemm_nt` for exactly T tokens (T <= narrow_tokens) in one pass: weight rows two at a time.
+template <std::size_t T>
+inline void narrow_gemm_nt(float const* w, std::size_t ldw, std::size_t r0, std::size_t r1,
+                           float const* x, std::size_t ldx, std::size_t k, float* y,
+                           std::size_t ldy, bool accumulate) noexcept {
+  std::size_t const kv = k - k % simd::width;
+  float part[2 * T];
+  auto rows = [&]<std::size_t R>(std::size_t r) {
+    tile_args const args{w + r * ldw, ldw, x, ldx, k, part, T, y + r, ldy, accumulate};
+    for (std::size_t k0 = 0; k0 < kv; k0 += k_block)
+      block_tile<R, T, true>(args, k0, kv - k0 < k_block ? kv : k0 + k_block);
+  };
+  std::size_t r = r0;
+  for (; r + 2 <= r1; r += 2) rows.template operator()<2>(r);
+  if (r < r1) rows.template operator()<1>(r);
+}
+
 //! y[t, r] (+)= sum_j w[r, j] x[t, j] for weight rows r in [r0, r1) and tokens t in [0, n):
 //! the product of activations x [n, k] (rows ldx apart) with the transposed weight block
 //! w [rows, k] (row-major, rows ldw apart); y [n, >= r1] rows ldy apart. Each weight row streams
@@ -195,6 +219,15 @@ inline void row_tile(float const* w, std::size_t ldw, float const* x, std::size_
 inline void gemm_nt(float const* w, std::size_t ldw, std::size_t r0, std::size_t r1, float const* x,
                     std::size_t ldx, std::size_t n, std::size_t k, float* y, std::size_t ldy,
                     bool accumulate) noexcept {
+  if constexpr (narrow_tokens > 0) {
+    if (n > narrow_from && n <= narrow_tokens && k >= simd::width) {
+      with_count<narrow_tokens>(n, [&]<std::size_t T>() {
+        if constexpr (T > narrow_from)
+          narrow_gemm_nt<T>(w, ldw, r0, r1, x, ldx, k, y, ldy, accumulate);
+      });
+      return;
+    }
+  }
   for (std::size_t t0 = 0; t0 < n; t0 += token_block) {
     std::size_t const nt = n - t0 < token_block ? n - t0 : token_block;
     float const* const xb = x + t0 * ldx;

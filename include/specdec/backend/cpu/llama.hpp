@@ -371,6 +371,9 @@ class cpu_llama {
   }
 
  private:
+  // Per-batch activation rows, cache-line aligned (the matrix kernels' vector loads).
+  using activations = std::vector<float, detail::cache_aligned_allocator<float>>;
+
   // The matrices of one layer repacked for the small-model kernels.
   struct packed_layer {
     detail::cpu::packed_matrix qkv;  // [dim + 2 kv_dim, dim]: wq, wk, wv
@@ -904,15 +907,15 @@ class cpu_llama {
   std::vector<float> tail_;                 // [threads, tail_blocks, 128] gathered values
   std::vector<std::size_t> tail_rows_;      // [threads, batch + 16] cache rows of a sequence tail
   std::vector<detail::cpu::row_run> runs_;  // [threads, batch + 1] virtual sequences
-  std::vector<float> x_;                    // [batch, dim] residual stream
-  std::vector<float> xb_;                   // [batch, dim] normed input
-  std::vector<float> q_;                    // [batch, dim] queries (weights in place)
-  std::vector<float> qkv_;                  // [batch, dim + 2 kv_dim] q, k, v (packed)
-  std::vector<float> att_;                  // [batch, dim] attention output
-  std::vector<float> hb_;                   // [batch, hidden_dim] gate, then SwiGLU
-  std::vector<float> hb2_;                  // [batch, hidden_dim] up (weights in place)
-  std::vector<float> gather_;               // [batch, dim] rows that need logits
-  std::vector<float> kv_;                   // [batch, 2 kv_dim] k, v of several segments
+  activations x_;                           // [batch, dim] residual stream
+  activations xb_;                          // [batch, dim] normed input
+  activations q_;                           // [batch, dim] queries (weights in place)
+  activations qkv_;                         // [batch, dim + 2 kv_dim] q, k, v (packed)
+  activations att_;                         // [batch, dim] attention output
+  activations hb_;                          // [batch, hidden_dim] gate, then SwiGLU
+  activations hb2_;                         // [batch, hidden_dim] up (weights in place)
+  activations gather_;                      // [batch, dim] rows that need logits
+  activations kv_;                          // [batch, 2 kv_dim] k, v of several segments
   std::vector<std::size_t> visible_end_;    // [batch] within the row's segment
   std::vector<std::size_t> row_segment_;    // [batch] the segment of each row
   std::vector<segment> segs_;               // the segments of the forward in progress
