@@ -11,8 +11,10 @@
 //    a given its predecessors were; greedy. Prompts: 24 random tokens per request (seeded by the
 //    request's index, so request i is the same at every batch size). The continuations come from
 //    a first run without speculation at the largest batch; every speculative run's output is
-//    checked against them. For each B, the 8 policies run in turn, SPECDEC_BENCH_REPS rounds;
-//    the table shows the median tokens/s of each.
+//    checked against them. For each B, the 8 policies run in turn (each round starting one
+//    policy later), SPECDEC_BENCH_REPS x ceil(8 / B) rounds (a small batch's runs are short: more
+//    of them, interleaved, so that the swings of a shared machine's memory bandwidth fall on every
+//    policy alike); the table shows the median tokens/s of each.
 // 2. The stories260K fixture ("fixture/batch:B"): the 14 prompts of tinystories_prompts.jsonl
 //    (cycled beyond 14), 128 new tokens each, greedy, prompt lookup (chain, at most 6 tokens) per
 //    request, 1 thread, the same policies.
@@ -28,7 +30,7 @@
 //
 // Environment: SPECDEC_MODEL_DIR, SPECDEC_DATA_DIR, SPECDEC_BENCH_THREADS (threads of the
 // stories110M-shape model; default all cores), SPECDEC_BENCH_TOKENS (new tokens per controlled
-// request; default 64), SPECDEC_BENCH_REPS (rounds; default 3).
+// request; default 64), SPECDEC_BENCH_REPS (rounds at batch 8 and above; default 3).
 //
 // Run (Release): build/<dir>/benchmarks/bench_batch [--benchmark_filter=controlled|fixture]
 
@@ -71,6 +73,11 @@ constexpr std::size_t policies = max_k + 2;  // k = 0..max_k, then adaptive
 
 std::string policy_name(std::size_t p) {
   return p <= max_k ? "k=" + std::to_string(p) : "adaptive";
+}
+
+//! Rounds at batch B: SPECDEC_BENCH_REPS x ceil(8 / B) (see the file comment).
+std::size_t rounds_at(std::size_t batch) {
+  return bench::env_count("SPECDEC_BENCH_REPS", 3) * ((8 + batch - 1) / batch);
 }
 
 //! What one batched run measured.
@@ -134,6 +141,26 @@ run_result run_batch(sd::cpu_batched_llama& model, Proposer& proposer, Spec spec
       out.matched = false;
   }
   return out;
+}
+
+//! `reps` rounds of every policy p (`run(p)`, a run_result) into `r`'s cells. Round i starts at
+//! policy i mod policies, so that no policy always runs first or last (a machine that drifts
+//! within a round favours neither). Returns whether every run matched.
+template <class Run>
+bool run_rounds(row& r, std::size_t reps, Run&& run) {
+  bool matched = true;
+  for (std::size_t round = 0; round < reps; ++round) {
+    for (std::size_t i = 0; i < policies; ++i) {
+      std::size_t const p = (round + i) % policies;
+      run_result const got = run(p);
+      matched = matched && got.matched;
+      r.cells[p].rates.push_back(got.tokens_per_second);
+      r.cells[p].decode_rates.push_back(got.decode_tokens_per_second);
+      r.cells[p].mean_draft = got.mean_draft;
+      r.cells[p].accepted_length = got.accepted_length;
+    }
+  }
+  return matched;
 }
 
 //! Drafts nothing (the continuations' run).
@@ -219,7 +246,7 @@ class oracles {
 
 void bench_controlled(benchmark::State& state, std::size_t batch) {
   controlled_setup& s = controlled_setup::get();
-  std::size_t const reps = bench::env_count("SPECDEC_BENCH_REPS", 3);
+  std::size_t const reps = rounds_at(batch);
   std::vector<std::vector<sd::token_id>> const prompts(
       s.prompts.begin(), s.prompts.begin() + static_cast<long>(batch));
   std::vector<std::vector<sd::token_id>> const expected(
@@ -227,25 +254,19 @@ void bench_controlled(benchmark::State& state, std::size_t batch) {
   row r;
   r.batch = batch;
   for (auto _ : state) {
-    for (std::size_t round = 0; round < reps; ++round) {
-      for (std::size_t p = 0; p < policies; ++p) {
-        oracles o(s, batch);
-        run_result const got = p <= max_k ? run_batch(*s.model, o.get(), sd::fixed_speculation(p),
-                                                      prompts, s.new_tokens, &expected)
-                                          : run_batch(*s.model, o.get(), *s.adaptive, prompts,
-                                                      s.new_tokens, &expected);
-        if (!got.matched) state.SkipWithError("an output differs from the greedy continuation");
-        r.cells[p].rates.push_back(got.tokens_per_second);
-        r.cells[p].decode_rates.push_back(got.decode_tokens_per_second);
-        r.cells[p].mean_draft = got.mean_draft;
-        r.cells[p].accepted_length = got.accepted_length;
-      }
-    }
+    bool const matched = run_rounds(r, reps, [&](std::size_t p) {
+      oracles o(s, batch);
+      return p <= max_k
+                 ? run_batch(*s.model, o.get(), sd::fixed_speculation(p), prompts, s.new_tokens,
+                             &expected)
+                 : run_batch(*s.model, o.get(), *s.adaptive, prompts, s.new_tokens, &expected);
+    });
+    if (!matched) state.SkipWithError("an output differs from the greedy continuation");
   }
   for (std::size_t p = 0; p < policies; ++p)
     state.counters["tok_s_" + policy_name(p)] = r.cells[p].rate();
   controlled_part.rows.push_back(std::move(r));
-  controlled_part.rounds = reps;
+  controlled_part.rounds = bench::env_count("SPECDEC_BENCH_REPS", 3);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -282,7 +303,7 @@ struct fixture_setup {
 
 void bench_fixture(benchmark::State& state, std::size_t batch) {
   fixture_setup& s = fixture_setup::get();
-  std::size_t const reps = bench::env_count("SPECDEC_BENCH_REPS", 3);
+  std::size_t const reps = rounds_at(batch);
   std::vector<std::vector<sd::token_id>> prompts;
   for (std::size_t i = 0; i < batch; ++i) prompts.push_back(s.prompts[i % s.prompts.size()]);
   using lookups = sd::per_request_proposer<sd::prompt_lookup_chain_proposer>;
@@ -292,25 +313,19 @@ void bench_fixture(benchmark::State& state, std::size_t batch) {
   row r;
   r.batch = batch;
   for (auto _ : state) {
-    for (std::size_t round = 0; round < reps; ++round) {
-      for (std::size_t p = 0; p < policies; ++p) {
-        lookups proposer(make);
-        run_result const got = p <= max_k ? run_batch(*s.model, proposer, sd::fixed_speculation(p),
-                                                      prompts, fixture_tokens, nullptr)
-                                          : run_batch(*s.model, proposer, *s.adaptive, prompts,
-                                                      fixture_tokens, nullptr);
-        if (!got.matched) state.SkipWithError("a request failed");
-        r.cells[p].rates.push_back(got.tokens_per_second);
-        r.cells[p].decode_rates.push_back(got.decode_tokens_per_second);
-        r.cells[p].mean_draft = got.mean_draft;
-        r.cells[p].accepted_length = got.accepted_length;
-      }
-    }
+    bool const matched = run_rounds(r, reps, [&](std::size_t p) {
+      lookups proposer(make);
+      return p <= max_k
+                 ? run_batch(*s.model, proposer, sd::fixed_speculation(p), prompts, fixture_tokens,
+                             nullptr)
+                 : run_batch(*s.model, proposer, *s.adaptive, prompts, fixture_tokens, nullptr);
+    });
+    if (!matched) state.SkipWithError("a request failed");
   }
   for (std::size_t p = 0; p < policies; ++p)
     state.counters["tok_s_" + policy_name(p)] = r.cells[p].rate();
   fixture_part.rows.push_back(std::move(r));
-  fixture_part.rounds = reps;
+  fixture_part.rounds = bench::env_count("SPECDEC_BENCH_REPS", 3);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,17 +407,17 @@ void print_summary() {
   if (!controlled_part.rows.empty()) {
     controlled_setup const& s = controlled_setup::get();
     char buf[768];
-    std::snprintf(buf, sizeof buf,
-                  "controlled acceptance: random-weight stories110M shape (dim 768, 12 layers, "
-                  "vocab 32000), %zu threads, greedy,\noracle drafts accepted with probability "
-                  "%.1f per token; B requests of 24 prompt + %zu new tokens each, all at once.\n"
-                  "Committed tokens/s (median of %zu rounds, policies in turn); adapt k = the "
-                  "adaptive policy's mean draft per request and step;\nvs b=1 = k=0 tokens/s over "
-                  "batch 1's; dec b=1 = the same over the decode phase (steps without prompt "
-                  "rows); k=4 gain = k=4 over k=0; adapt/best = adaptive over the best fixed "
-                  "k (k=0 included).",
-                  bench::bench_threads(), controlled_acceptance, s.new_tokens,
-                  controlled_part.rounds);
+    std::snprintf(
+        buf, sizeof buf,
+        "controlled acceptance: random-weight stories110M shape (dim 768, 12 layers, "
+        "vocab 32000), %zu threads, greedy,\noracle drafts accepted with probability "
+        "%.1f per token; B requests of 24 prompt + %zu new tokens each, all at once.\n"
+        "Committed tokens/s (median of %zu x ceil(8 / B) rounds, policies in turn); adapt k = the "
+        "adaptive policy's mean draft per request and step;\nvs b=1 = k=0 tokens/s over "
+        "batch 1's; dec b=1 = the same over the decode phase (steps without prompt "
+        "rows); k=4 gain = k=4 over k=0; adapt/best = adaptive over the best fixed "
+        "k (k=0 included).",
+        bench::bench_threads(), controlled_acceptance, s.new_tokens, controlled_part.rounds);
     controlled_part.title = buf;
     print_part(controlled_part, true);
   }
@@ -411,7 +426,7 @@ void print_summary() {
     std::snprintf(buf, sizeof buf,
                   "stories260K fixture: the 14 TinyStories prompts cycled to B requests, %zu new "
                   "tokens each, greedy, prompt lookup chain (n 1..3) per request,\n1 thread. "
-                  "Committed tokens/s (median of %zu rounds); columns as above.",
+                  "Committed tokens/s (median of %zu x ceil(8 / B) rounds); columns as above.",
                   fixture_tokens, fixture_part.rounds);
     fixture_part.title = buf;
     print_part(fixture_part, false);

@@ -369,8 +369,8 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   m.observe(8, 22.0, 0.5);                        // a moving average
   CHECK(m.predict(8) == doctest::Approx(17.0));
 
-  sd::adaptive_speculation flat({.max_k = 6, .probe_interval = 0});
-  sd::adaptive_speculation linear({.max_k = 6, .probe_interval = 0});
+  sd::adaptive_speculation flat({.max_k = 6, .probe_interval = 0, .probe_new = false});
+  sd::adaptive_speculation linear({.max_k = 6, .probe_interval = 0, .probe_new = false});
   for (std::size_t r : {1, 2, 4, 8, 16, 32, 64, 256}) {
     flat.costs().observe(r, r <= 32 ? 1.0 : static_cast<double>(r) / 32.0, 1.0);  // memory-bound
     linear.costs().observe(r, static_cast<double>(r), 1.0);                       // compute-bound
@@ -387,11 +387,46 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   linear.choose(reqs, k);
   CHECK(k == std::vector<std::size_t>{0, 0, 0, 0});  // a row costs as much as a token: no gain
   // Free up to 16 rows: 12 draft rows, the largest gains first (ties: the earlier request).
-  sd::adaptive_speculation knee({.max_k = 6, .probe_interval = 0});
+  sd::adaptive_speculation knee({.max_k = 6, .probe_interval = 0, .probe_new = false});
   for (std::size_t r : {1, 16, 64})
     knee.costs().observe(r, r <= 16 ? 1.0 : static_cast<double>(r) / 16.0, 1.0);
   knee.choose(reqs, k);
   CHECK(k == std::vector<std::size_t>{6, 5, 1, 0});
+  // Probes: a request none of whose drafts was tested yet drafts one token where nothing pays.
+  sd::adaptive_speculation probing({.max_k = 6, .probe_interval = 0});
+  probing.costs() = linear.costs();
+  reqs[1].tested = 3.0;
+  reqs[2].tested = 0.5;
+  probing.choose(reqs, k);
+  CHECK(k == std::vector<std::size_t>{1, 0, 0, 1});
+  reqs[3].max_draft = 0;  // not allowed to draft
+  probing.choose(reqs, k);
+  CHECK(k == std::vector<std::size_t>{1, 0, 0, 0});
+  reqs[3].max_draft = 8;
+  for (auto& r : reqs) r.tested = 0.0;
+  // ... and every 3rd idle step with probe_interval 2.
+  sd::adaptive_speculation periodic({.max_k = 6, .probe_interval = 2, .probe_new = false});
+  periodic.costs() = linear.costs();
+  std::vector<std::size_t> probes;
+  for (int step = 0; step < 6; ++step) {
+    periodic.choose(reqs, k);
+    probes.push_back(k[0]);
+  }
+  CHECK(probes == std::vector<std::size_t>{0, 0, 1, 0, 0, 1});
+  // A predicted gain within the margin is not taken: one request at 0.8, T(1) = 1, T(2) = 1.75
+  // (one draft: 1.8 / 1.75, +2.9%).
+  std::vector<sd::speculation_request> one{{.slot = 0, .max_draft = 4, .acceptance = 0.8}};
+  std::vector<std::size_t> k1(1, 99);
+  for (double margin : {0.0, 0.02, 0.05}) {
+    sd::adaptive_speculation a(
+        {.max_k = 4, .probe_interval = 0, .probe_new = false, .min_gain = margin});
+    a.costs().observe(1, 1.0, 1.0);
+    a.costs().observe(2, 1.75, 1.0);
+    a.choose(one, k1);
+    CHECK(k1[0] == (margin < 0.029 ? 1u : 0u));
+  }
+  test_support::expect_error([] { sd::adaptive_speculation bad({.min_gain = -0.1}); },
+                             sd::errc::invalid_argument);
   sd::fixed_speculation fixed(3);
   fixed.choose(reqs, k);
   CHECK(k == std::vector<std::size_t>{3, 3, 1, 3});

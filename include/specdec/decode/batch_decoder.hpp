@@ -301,7 +301,8 @@ class batch_decoder {
                        .max_draft = limit,
                        .other_rows = 1 + (r->first_step ? r->prompt.size() - 1 : 0),
                        .acceptance = (r->accepted_recent + prior * w) /
-                                     (r->tested_recent + w > 0.0 ? r->tested_recent + w : 1.0)});
+                                     (r->tested_recent + w > 0.0 ? r->tested_recent + w : 1.0),
+                       .tested = r->tested_recent});
       // Every count decays once per step, the request's whether it drafts or not (evidence that
       // is not renewed fades toward the batch's rate); this step's outcomes come in at full
       // weight.

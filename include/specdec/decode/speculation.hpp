@@ -51,6 +51,8 @@ struct speculation_request {
   std::size_t other_rows = 1;  //!< rows it adds besides its draft: its root, and its prompt on
                                //!< its first step
   double acceptance = 0.5;     //!< its recent per-token acceptance rate, in [0, 1]
+  double tested = 0.0;         //!< its draft tokens tested so far (decayed as `acceptance`'s
+                               //!< evidence); 0 while none was
 };
 
 //! What one step cost, as the decoder measured it.
@@ -150,9 +152,12 @@ class forward_cost_model {
   //! has them: in up to `max_segments` slots it acquires (and releases) -- the free ones -- each
   //! holding `context` tokens, a forward of r rows is r causal tokens spread over min(r, slots)
   //! segments, cut back after it. The row counts are measured in turn, `rounds` times after one
-  //! warm-up round, and each point is the median of its rounds (so that a machine whose speed
-  //! drifts during the calibration keeps the curve's shape). Replaces what was learnt. Throws what
-  //! the model throws (no free slot: `errc::context_overflow`).
+  //! warm-up round, each forward right after one of the smallest row count (the reference): a
+  //! point is the median of its rounds' ratios to their reference times the median reference
+  //! time, so that a machine whose speed drifts during the calibration (memory bandwidth shared
+  //! with other machines, the clock) keeps the curve's shape. The points are then made
+  //! non-decreasing (a forward of more rows never costs less). Replaces what was learnt. Throws
+  //! what the model throws (no free slot: `errc::context_overflow`).
   template <batched_lm Model>
   void calibrate(Model& model, std::span<std::size_t const> rows, std::size_t context = 64,
                  std::size_t rounds = 3, std::size_t max_segments = 32) {
@@ -191,32 +196,48 @@ class forward_cost_model {
                             .logits_rows = std::span<std::int32_t const>(&last, 1)});
       model.forward({.segments = segments}, out);
     }
-    std::vector<std::vector<double>> times(rows.size());
+    auto time_forward = [&](std::size_t r) {
+      std::size_t const n = std::min(r, count);
+      segments.clear();
+      for (std::size_t s = 0; s < n; ++s) {
+        std::size_t const len = r / n + (s < r % n ? 1 : 0);
+        segments.push_back({.slot = slots[s],
+                            .tokens = all_tokens.subspan(context, len),
+                            .positions = all_positions.subspan(context, len)});
+      }
+      auto const t0 = std::chrono::steady_clock::now();
+      model.forward({.segments = segments}, out);
+      double const seconds = detail::seconds_since(t0);
+      for (std::size_t s = 0; s < n; ++s) model.cache(slots[s]).truncate(context);
+      return seconds;
+    };
+    std::size_t reference = most;
+    for (std::size_t r : rows)
+      if (r > 0) reference = std::min(reference, r);
+    std::vector<std::vector<double>> ratios(rows.size());
+    std::vector<double> references;
     for (std::size_t round = 0; round <= rounds; ++round) {
       for (std::size_t i = 0; i < rows.size(); ++i) {
-        std::size_t const r = rows[i];
-        if (r == 0) continue;
-        std::size_t const n = std::min(r, count);
-        segments.clear();
-        for (std::size_t s = 0; s < n; ++s) {
-          std::size_t const len = r / n + (s < r % n ? 1 : 0);
-          segments.push_back({.slot = slots[s],
-                              .tokens = all_tokens.subspan(context, len),
-                              .positions = all_positions.subspan(context, len)});
-        }
-        auto const t0 = std::chrono::steady_clock::now();
-        model.forward({.segments = segments}, out);
-        double const seconds = detail::seconds_since(t0);
-        for (std::size_t s = 0; s < n; ++s) model.cache(slots[s]).truncate(context);
-        if (round > 0) times[i].push_back(seconds);  // the first round warms the buffers
+        if (rows[i] == 0) continue;
+        double const base = time_forward(reference);
+        double const seconds = rows[i] == reference ? base : time_forward(rows[i]);
+        if (round == 0 || !(base > 0.0)) continue;  // the first round warms the buffers
+        ratios[i].push_back(seconds / base);
+        references.push_back(base);
       }
     }
     points_.clear();
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      if (times[i].empty()) continue;
-      std::sort(times[i].begin(), times[i].end());
-      calibrated_ = false;
-      observe(rows[i], times[i][times[i].size() / 2], 1.0);
+    calibrated_ = false;
+    if (!references.empty()) {
+      auto median = [](std::vector<double>& v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      double const base = median(references);
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (!ratios[i].empty()) observe(rows[i], median(ratios[i]) * base, 1.0);
+      for (std::size_t i = 1; i < points_.size(); ++i)
+        points_[i].seconds = std::max(points_[i].seconds, points_[i - 1].seconds);
     }
     calibrated_ = !points_.empty();
     scale_ = 1.0;
@@ -262,11 +283,23 @@ struct adaptive_speculation_options {
   //! A request that drafted nothing for this many steps drafts one token (when allowed), so that
   //! its acceptance estimate follows its text; 0 never probes.
   std::size_t probe_interval = 16;
+  //! A request none of whose draft tokens was tested yet (a new one) drafts one token (when
+  //! allowed), so that its estimate starts from its own text: otherwise a batch whose prior makes
+  //! speculation look unprofitable would not learn otherwise until the first probe.
+  bool probe_new = true;
+  //! Speculation must be predicted to raise the step's goodput by at least this fraction over no
+  //! speculation, or the step drafts nothing (probes aside): the predictions rest on a measured
+  //! curve whose slope, where the forward is compute-bound, is known to a few percent, and a
+  //! predicted gain within that error is as likely a loss. >= 0.
+  double min_gain = 0.05;
   //! Row counts `prepare` measures when the cost model is empty (see
-  //! `forward_cost_model::calibrate`), and the context it measures them at.
-  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  6,  8,   12,  16,
-                                               24, 32, 48, 64, 96, 128, 192, 256};
+  //! `forward_cost_model::calibrate`), the context it measures them at and its rounds. 8 and 10
+  //! bracket the end of the CPU kernel's one-pass batches (8 tokens with AVX-512), where the
+  //! curve bends.
+  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  6,  8,   10, 12,
+                                               16, 24, 32, 48, 64, 128, 256};
   std::size_t calibration_context = 64;
+  std::size_t calibration_rounds = 5;
 
   //! Throws `errc::invalid_argument` naming the field out of its domain.
   void validate() const {
@@ -274,6 +307,8 @@ struct adaptive_speculation_options {
                   " must be below ", max_tree_nodes);
     SPECDEC_CHECK(cost_weight > 0.0 && cost_weight <= 1.0, invalid_argument,
                   "adaptive_speculation: cost_weight ", cost_weight, " is outside (0, 1]");
+    SPECDEC_CHECK(min_gain >= 0.0 && std::isfinite(min_gain), invalid_argument,
+                  "adaptive_speculation: min_gain ", min_gain, " must be finite and >= 0");
   }
 };
 
@@ -299,7 +334,8 @@ class adaptive_speculation {
   //! Measures the forward costs of `model` at `options().calibration_rows`.
   template <batched_lm Model>
   void calibrate(Model& model) {
-    costs_.calibrate(model, options_.calibration_rows, options_.calibration_context);
+    costs_.calibrate(model, options_.calibration_rows, options_.calibration_context,
+                     options_.calibration_rounds);
   }
 
   //! The draft lengths of the step that maximise the predicted goodput (see the file comment).
@@ -321,11 +357,12 @@ class adaptive_speculation {
       }
     }
     if (n == 0) return;
-    // The D largest increments, for every D; keep the D of the best goodput.
+    // The D largest increments, for every D; keep the D of the best goodput, if it beats no
+    // speculation by the margin.
     std::stable_sort(increments_.begin(), increments_.end(),
                      [](increment const& x, increment const& y) { return x.gain > y.gain; });
     double tokens = static_cast<double>(n);
-    double best = goodput(tokens, base_rows, 0, n);
+    double best = goodput(tokens, base_rows, 0, n) * (1.0 + options_.min_gain);
     std::size_t best_d = 0;
     for (std::size_t d = 0; d < increments_.size(); ++d) {
       tokens += increments_[d].gain;
@@ -336,17 +373,19 @@ class adaptive_speculation {
       }
     }
     for (std::size_t d = 0; d < best_d; ++d) ++draft[increments_[d].request];
-    // A request left without speculation for a while probes with one token.
-    if (options_.probe_interval > 0) {
-      for (std::size_t i = 0; i < n; ++i) {
-        std::size_t const slot = requests[i].slot;
-        if (idle_.size() <= slot) idle_.resize(slot + 1, 0);
-        if (draft[i] > 0) {
-          idle_[slot] = 0;
-        } else if (++idle_[slot] > options_.probe_interval && requests[i].max_draft > 0) {
-          draft[i] = 1;
-          idle_[slot] = 0;
-        }
+    // A new request, or one left without speculation for a while, probes with one token.
+    for (std::size_t i = 0; i < n; ++i) {
+      speculation_request const& r = requests[i];
+      if (idle_.size() <= r.slot) idle_.resize(r.slot + 1, 0);
+      if (draft[i] > 0) {
+        idle_[r.slot] = 0;
+        continue;
+      }
+      bool const probe = (options_.probe_new && !(r.tested > 0.0)) ||
+                         (options_.probe_interval > 0 && ++idle_[r.slot] > options_.probe_interval);
+      if (probe && r.max_draft > 0) {
+        draft[i] = 1;
+        idle_[r.slot] = 0;
       }
     }
   }
