@@ -369,6 +369,19 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   m.observe(8, 22.0, 0.5);                        // a moving average
   CHECK(m.predict(8) == doctest::Approx(17.0));
 
+  // Convex: a stretch whose slopes dip becomes the chord between its ends; then non-decreasing.
+  sd::forward_cost_model v;
+  for (auto [r, t] : std::vector<std::pair<std::size_t, double>>{
+           {1, 10.0}, {2, 9.0}, {4, 10.0}, {8, 20.0}, {16, 24.0}, {32, 56.0}})
+    v.observe(r, t, 1.0);
+  v.make_convex();
+  CHECK(v.predict(1) == doctest::Approx(10.0));
+  CHECK(v.predict(2) == doctest::Approx(10.0));                      // 9, raised: non-decreasing
+  CHECK(v.predict(4) == doctest::Approx(10.0));                      // an end keeps its time
+  CHECK(v.predict(8) == doctest::Approx(10.0 + 4.0 * 14.0 / 12.0));  // the chord 4..16
+  CHECK(v.predict(16) == doctest::Approx(24.0));
+  CHECK(v.predict(32) == doctest::Approx(56.0));
+
   sd::adaptive_speculation flat({.max_k = 6, .probe_interval = 0, .probe_new = false});
   sd::adaptive_speculation linear({.max_k = 6, .probe_interval = 0, .probe_new = false});
   for (std::size_t r : {1, 2, 4, 8, 16, 32, 64, 256}) {

@@ -155,9 +155,9 @@ class forward_cost_model {
   //! warm-up round, each forward right after one of the smallest row count (the reference): a
   //! point is the median of its rounds' ratios to their reference times the median reference
   //! time, so that a machine whose speed drifts during the calibration (memory bandwidth shared
-  //! with other machines, the clock) keeps the curve's shape. The points are then made
-  //! non-decreasing (a forward of more rows never costs less). Replaces what was learnt. Throws
-  //! what the model throws (no free slot: `errc::context_overflow`).
+  //! with other machines, the clock) keeps the curve's shape. The points are then made convex and
+  //! non-decreasing (`make_convex`). Replaces what was learnt. Throws what the model throws (no
+  //! free slot: `errc::context_overflow`).
   template <batched_lm Model>
   void calibrate(Model& model, std::span<std::size_t const> rows, std::size_t context = 64,
                  std::size_t rounds = 3, std::size_t max_segments = 32) {
@@ -236,11 +236,47 @@ class forward_cost_model {
       double const base = median(references);
       for (std::size_t i = 0; i < rows.size(); ++i)
         if (!ratios[i].empty()) observe(rows[i], median(ratios[i]) * base, 1.0);
-      for (std::size_t i = 1; i < points_.size(); ++i)
-        points_[i].seconds = std::max(points_[i].seconds, points_[i - 1].seconds);
+      make_convex();
     }
     calibrated_ = !points_.empty();
     scale_ = 1.0;
+  }
+
+  //! Makes the curve non-decreasing and convex (its slope never falls as the rows grow), the
+  //! shape of a forward that is flat while bandwidth-bound and rises once compute-bound:
+  //! wherever the slopes between consecutive points dip, the stretch is replaced by the chord
+  //! between its ends (the slopes' isotonic regression, weighted by the rows between the points,
+  //! which keeps the ends' times), then the times are made non-decreasing. `calibrate` calls it:
+  //! a slope set by two neighbouring noisy points can be tens of percent off where the forward is
+  //! compute-bound, and there the choice of draft lengths rests on the slope.
+  void make_convex() {
+    std::size_t const n = points_.size();
+    if (n < 3) return;
+    struct block {
+      double slope, weight;
+      std::size_t count;
+    };
+    std::vector<block> blocks;
+    for (std::size_t i = 1; i < n; ++i) {
+      double const w = static_cast<double>(points_[i].rows - points_[i - 1].rows);
+      blocks.push_back({(points_[i].seconds - points_[i - 1].seconds) / w, w, 1});
+      while (blocks.size() > 1 && blocks[blocks.size() - 2].slope > blocks.back().slope) {
+        block const b = blocks.back();
+        blocks.pop_back();
+        block& a = blocks.back();
+        a.slope = (a.slope * a.weight + b.slope * b.weight) / (a.weight + b.weight);
+        a.weight += b.weight;
+        a.count += b.count;
+      }
+    }
+    std::size_t i = 1;
+    for (block const& b : blocks) {
+      for (std::size_t j = 0; j < b.count; ++j, ++i)
+        points_[i].seconds = points_[i - 1].seconds +
+                             b.slope * static_cast<double>(points_[i].rows - points_[i - 1].rows);
+    }
+    for (i = 1; i < n; ++i)
+      points_[i].seconds = std::max(points_[i].seconds, points_[i - 1].seconds);
   }
 
  private:
