@@ -11,10 +11,11 @@
 //    a given its predecessors were; greedy. Prompts: 24 random tokens per request (seeded by the
 //    request's index, so request i is the same at every batch size). The continuations come from
 //    a first run without speculation at the largest batch; every speculative run's output is
-//    checked against them. For each B, the 8 policies run in turn (each round starting one
-//    policy later), SPECDEC_BENCH_REPS x ceil(8 / B) rounds (a small batch's runs are short: more
-//    of them, interleaved, so that the swings of a shared machine's memory bandwidth fall on every
-//    policy alike); the table shows the median tokens/s of each.
+//    checked against them. For each B, the 8 policies run in lockstep (all admitted, then one
+//    step of each in turn; each round starting one policy later), so that the swings of a shared
+//    machine's memory bandwidth fall on every policy alike; SPECDEC_BENCH_REPS x ceil(8 / B)
+//    rounds (a small batch's runs are short: more of them); the table shows the median tokens/s
+//    of each.
 // 2. The stories260K fixture ("fixture/batch:B"): the 14 prompts of tinystories_prompts.jsonl
 //    (cycled beyond 14), 128 new tokens each, greedy, prompt lookup (chain, at most 6 tokens) per
 //    request, 1 thread, the same policies.
@@ -113,51 +114,106 @@ struct part {
 };
 part controlled_part, fixture_part;
 
-//! Runs `prompts` as concurrent requests (all submitted at once, `new_tokens` each, greedy) with
-//! `proposer` and speculation `spec`; when `expected` is given, checks each output against it.
+//! One policy's batched run over a model, driven a step at a time (see `run_rounds`).
+class stepped_run {
+ public:
+  virtual ~stepped_run() = default;
+  //! One batched step; returns the requests still waiting or running.
+  virtual std::size_t step() = 0;
+  //! What the finished run measured.
+  virtual run_result result() = 0;
+};
+
+//! `prompts` as concurrent requests (all submitted at once, `new_tokens` each, greedy) with the
+//! proposer `make()` returns and speculation `spec`; when `expected` is given, `result` checks
+//! each output against it.
 template <class Proposer, class Spec>
-run_result run_batch(sd::cpu_batched_llama& model, Proposer& proposer, Spec spec,
-                     std::vector<std::vector<sd::token_id>> const& prompts, std::size_t new_tokens,
-                     std::vector<std::vector<sd::token_id>> const* expected) {
-  sd::batch_decoder<sd::cpu_batched_llama, Proposer, sd::greedy_verifier, sd::greedy, Spec> decoder(
-      model, proposer, {}, std::move(spec));
-  sd::decode_config config;
-  config.max_new_tokens = new_tokens;
-  config.max_draft_nodes = max_k;
-  std::vector<std::uint64_t> ids;
-  for (auto const& p : prompts) ids.push_back(decoder.submit(p, sd::greedy{}, config));
-  decoder.run();
-  run_result out;
-  sd::batch_stats const& s = decoder.stats();
-  out.tokens_per_second = s.tokens_per_second();
-  out.decode_tokens_per_second = s.decode_tokens_per_second();
-  out.mean_draft = s.request_steps == 0
-                       ? 0.0
-                       : static_cast<double>(s.drafted) / static_cast<double>(s.request_steps);
-  out.accepted_length = s.mean_accepted_length();
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    auto const r = decoder.take(ids[i]);
-    if (!r || r->failed() || (expected != nullptr && r->result.tokens != (*expected)[i]))
-      out.matched = false;
+class batch_run final : public stepped_run {
+ public:
+  template <class Make>
+  batch_run(sd::cpu_batched_llama& model, Make&& make, Spec spec,
+            std::vector<std::vector<sd::token_id>> const& prompts, std::size_t new_tokens,
+            std::vector<std::vector<sd::token_id>> const* expected)
+      : proposer_(make()), decoder_(model, proposer_, {}, std::move(spec)), expected_(expected) {
+    sd::decode_config config;
+    config.max_new_tokens = new_tokens;
+    config.max_draft_nodes = max_k;
+    for (auto const& p : prompts) ids_.push_back(decoder_.submit(p, sd::greedy{}, config));
   }
-  return out;
+
+  std::size_t step() override { return decoder_.step(); }
+
+  run_result result() override {
+    run_result out;
+    sd::batch_stats const& s = decoder_.stats();
+    out.tokens_per_second = s.tokens_per_second();
+    out.decode_tokens_per_second = s.decode_tokens_per_second();
+    out.mean_draft = s.request_steps == 0
+                         ? 0.0
+                         : static_cast<double>(s.drafted) / static_cast<double>(s.request_steps);
+    out.accepted_length = s.mean_accepted_length();
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+      auto const r = decoder_.take(ids_[i]);
+      if (!r || r->failed() || (expected_ != nullptr && r->result.tokens != (*expected_)[i]))
+        out.matched = false;
+    }
+    return out;
+  }
+
+ private:
+  Proposer proposer_;  // before decoder_, which refers to it
+  sd::batch_decoder<sd::cpu_batched_llama, Proposer, sd::greedy_verifier, sd::greedy, Spec>
+      decoder_;
+  std::vector<std::vector<sd::token_id>> const* expected_;
+  std::vector<std::uint64_t> ids_;
+};
+
+//! Policy p's run (fixed k = p up to max_k, then the adaptive policy `adaptive`) with the proposer
+//! `make()` returns.
+template <class Make>
+std::unique_ptr<stepped_run> make_run(std::size_t p, sd::cpu_batched_llama& model, Make&& make,
+                                      sd::adaptive_speculation const& adaptive,
+                                      std::vector<std::vector<sd::token_id>> const& prompts,
+                                      std::size_t new_tokens,
+                                      std::vector<std::vector<sd::token_id>> const* expected) {
+  using proposer = decltype(make());
+  if (p <= max_k)
+    return std::make_unique<batch_run<proposer, sd::fixed_speculation>>(
+        model, make, sd::fixed_speculation(p), prompts, new_tokens, expected);
+  return std::make_unique<batch_run<proposer, sd::adaptive_speculation>>(
+      model, make, adaptive, prompts, new_tokens, expected);
 }
 
-//! `reps` rounds of every policy p (`run(p)`, a run_result) into `r`'s cells. Round i starts at
-//! policy i mod policies, so that no policy always runs first or last (a machine that drifts
-//! within a round favours neither). Returns whether every run matched.
-template <class Run>
-bool run_rounds(row& r, std::size_t reps, Run&& run) {
+//! `reps` rounds of every policy p (`make(p)`, a stepped_run) into `r`'s cells. A round runs the
+//! policies in lockstep -- all of them admitted, then one step of each in turn until every one
+//! has finished -- so that every policy meets the same swings of the machine's speed (a VM whose
+//! memory bandwidth moves by 20% within seconds would otherwise favour whichever policy ran in a
+//! fast moment); round i steps them starting at policy i mod policies. Each run's tokens/s counts
+//! its own steps' time only. Returns whether every run matched.
+template <class Make>
+bool run_rounds(row& r, std::size_t reps, Make&& make) {
   bool matched = true;
   for (std::size_t round = 0; round < reps; ++round) {
-    for (std::size_t i = 0; i < policies; ++i) {
-      std::size_t const p = (round + i) % policies;
-      run_result const got = run(p);
-      matched = matched && got.matched;
-      r.cells[p].rates.push_back(got.tokens_per_second);
-      r.cells[p].decode_rates.push_back(got.decode_tokens_per_second);
-      r.cells[p].mean_draft = got.mean_draft;
-      r.cells[p].accepted_length = got.accepted_length;
+    std::vector<std::unique_ptr<stepped_run>> runs(policies);
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < policies; ++i) order.push_back((round + i) % policies);
+    for (std::size_t p : order) runs[p] = make(p);
+    for (bool busy = true; busy;) {
+      busy = false;
+      for (std::size_t p : order) {
+        if (runs[p] == nullptr) continue;
+        if (runs[p]->step() > 0) {
+          busy = true;
+          continue;
+        }
+        run_result const got = runs[p]->result();
+        runs[p].reset();  // its slots back to the model
+        matched = matched && got.matched;
+        r.cells[p].rates.push_back(got.tokens_per_second);
+        r.cells[p].decode_rates.push_back(got.decode_tokens_per_second);
+        r.cells[p].mean_draft = got.mean_draft;
+        r.cells[p].accepted_length = got.accepted_length;
+      }
     }
   }
   return matched;
@@ -190,7 +246,7 @@ struct controlled_setup {
       x.model = std::make_unique<sd::cpu_batched_llama>(
           bench::stories110m(),
           sd::cpu_batched_llama_options{.model = {.threads = bench::bench_threads()},
-                                        .max_slots = most});
+                                        .max_slots = policies * most});
       std::size_t const vocab = x.model->vocab_size();
       for (std::size_t i = 0; i < most; ++i) {
         std::mt19937_64 rng(1000 + i);
@@ -219,30 +275,22 @@ struct controlled_setup {
 };
 
 //! The oracle of each request: its continuation, its own seed.
-class oracles {
- public:
-  using proposer_type = sd::per_request_proposer<bench::oracle_proposer>;
-
-  oracles(controlled_setup const& s, std::size_t batch)
-      : proposer_([&s, batch](std::span<sd::token_id const> prompt) {
-          std::size_t const vocab = s.model->vocab_size();
-          for (std::size_t i = 0; i < batch; ++i) {
-            if (std::equal(prompt.begin(), prompt.end(), s.prompts[i].begin(),
-                           s.prompts[i].end())) {
-              std::vector<sd::token_id> seq = s.prompts[i];
-              seq.insert(seq.end(), s.continuation[i].begin(), s.continuation[i].end());
-              return bench::oracle_proposer(std::move(seq), max_k, controlled_acceptance, vocab,
-                                            2024 + i);
-            }
+sd::per_request_proposer<bench::oracle_proposer> oracles(controlled_setup const& s,
+                                                         std::size_t batch) {
+  return sd::per_request_proposer<bench::oracle_proposer>(
+      [&s, batch](std::span<sd::token_id const> prompt) {
+        std::size_t const vocab = s.model->vocab_size();
+        for (std::size_t i = 0; i < batch; ++i) {
+          if (std::equal(prompt.begin(), prompt.end(), s.prompts[i].begin(), s.prompts[i].end())) {
+            std::vector<sd::token_id> seq = s.prompts[i];
+            seq.insert(seq.end(), s.continuation[i].begin(), s.continuation[i].end());
+            return bench::oracle_proposer(std::move(seq), max_k, controlled_acceptance, vocab,
+                                          2024 + i);
           }
-          return bench::oracle_proposer({}, max_k, controlled_acceptance, vocab, 0);
-        }) {}
-
-  proposer_type& get() noexcept { return proposer_; }
-
- private:
-  proposer_type proposer_;
-};
+        }
+        return bench::oracle_proposer({}, max_k, controlled_acceptance, vocab, 0);
+      });
+}
 
 void bench_controlled(benchmark::State& state, std::size_t batch) {
   controlled_setup& s = controlled_setup::get();
@@ -255,11 +303,9 @@ void bench_controlled(benchmark::State& state, std::size_t batch) {
   r.batch = batch;
   for (auto _ : state) {
     bool const matched = run_rounds(r, reps, [&](std::size_t p) {
-      oracles o(s, batch);
-      return p <= max_k
-                 ? run_batch(*s.model, o.get(), sd::fixed_speculation(p), prompts, s.new_tokens,
-                             &expected)
-                 : run_batch(*s.model, o.get(), *s.adaptive, prompts, s.new_tokens, &expected);
+      return make_run(
+          p, *s.model, [&] { return oracles(s, batch); }, *s.adaptive, prompts, s.new_tokens,
+          &expected);
     });
     if (!matched) state.SkipWithError("an output differs from the greedy continuation");
   }
@@ -290,9 +336,9 @@ struct fixture_setup {
            bench::jsonl_strings(bench::require(data / "tinystories_prompts.jsonl"), "prompt"))
         x.prompts.push_back(tok.encode(text, true));
       x.model = std::make_unique<sd::cpu_batched_llama>(
-          weights,
-          sd::cpu_batched_llama_options{.model = {.threads = 1},
-                                        .max_slots = batch_sizes[std::size(batch_sizes) - 1]});
+          weights, sd::cpu_batched_llama_options{
+                       .model = {.threads = 1},
+                       .max_slots = policies * batch_sizes[std::size(batch_sizes) - 1]});
       x.adaptive.emplace(sd::adaptive_speculation_options{.max_k = max_k});
       x.adaptive->calibrate(*x.model);
       return x;
@@ -314,11 +360,9 @@ void bench_fixture(benchmark::State& state, std::size_t batch) {
   r.batch = batch;
   for (auto _ : state) {
     bool const matched = run_rounds(r, reps, [&](std::size_t p) {
-      lookups proposer(make);
-      return p <= max_k
-                 ? run_batch(*s.model, proposer, sd::fixed_speculation(p), prompts, fixture_tokens,
-                             nullptr)
-                 : run_batch(*s.model, proposer, *s.adaptive, prompts, fixture_tokens, nullptr);
+      return make_run(
+          p, *s.model, [&] { return lookups(make); }, *s.adaptive, prompts, fixture_tokens,
+          nullptr);
     });
     if (!matched) state.SkipWithError("a request failed");
   }
@@ -407,17 +451,18 @@ void print_summary() {
   if (!controlled_part.rows.empty()) {
     controlled_setup const& s = controlled_setup::get();
     char buf[768];
-    std::snprintf(
-        buf, sizeof buf,
-        "controlled acceptance: random-weight stories110M shape (dim 768, 12 layers, "
-        "vocab 32000), %zu threads, greedy,\noracle drafts accepted with probability "
-        "%.1f per token; B requests of 24 prompt + %zu new tokens each, all at once.\n"
-        "Committed tokens/s (median of %zu x ceil(8 / B) rounds, policies in turn); adapt k = the "
-        "adaptive policy's mean draft per request and step;\nvs b=1 = k=0 tokens/s over "
-        "batch 1's; dec b=1 = the same over the decode phase (steps without prompt "
-        "rows); k=4 gain = k=4 over k=0; adapt/best = adaptive over the best fixed "
-        "k (k=0 included).",
-        bench::bench_threads(), controlled_acceptance, s.new_tokens, controlled_part.rounds);
+    std::snprintf(buf, sizeof buf,
+                  "controlled acceptance: random-weight stories110M shape (dim 768, 12 layers, "
+                  "vocab 32000), %zu threads, greedy,\noracle drafts accepted with probability "
+                  "%.1f per token; B requests of 24 prompt + %zu new tokens each, all at once.\n"
+                  "Committed tokens/s (median of %zu x ceil(8 / B) rounds, policies in lockstep); "
+                  "adapt k = the "
+                  "adaptive policy's mean draft per request and step;\nvs b=1 = k=0 tokens/s over "
+                  "batch 1's; dec b=1 = the same over the decode phase (steps without prompt "
+                  "rows); k=4 gain = k=4 over k=0; adapt/best = adaptive over the best fixed "
+                  "k (k=0 included).",
+                  bench::bench_threads(), controlled_acceptance, s.new_tokens,
+                  controlled_part.rounds);
     controlled_part.title = buf;
     print_part(controlled_part, true);
   }
