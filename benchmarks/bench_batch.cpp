@@ -77,8 +77,11 @@ std::string policy_name(std::size_t p) {
 }
 
 //! Rounds at batch B: SPECDEC_BENCH_REPS x ceil(8 / B) (see the file comment).
+std::size_t bench_reps() {
+  return bench::env_count("SPECDEC_BENCH_REPS", 3);
+}
 std::size_t rounds_at(std::size_t batch) {
-  return bench::env_count("SPECDEC_BENCH_REPS", 3) * ((8 + batch - 1) / batch);
+  return bench_reps() * ((8 + batch - 1) / batch);
 }
 
 //! What one batched run measured.
@@ -312,7 +315,7 @@ void bench_controlled(benchmark::State& state, std::size_t batch) {
   for (std::size_t p = 0; p < policies; ++p)
     state.counters["tok_s_" + policy_name(p)] = r.cells[p].rate();
   controlled_part.rows.push_back(std::move(r));
-  controlled_part.rounds = bench::env_count("SPECDEC_BENCH_REPS", 3);
+  controlled_part.rounds = bench_reps();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,7 +372,7 @@ void bench_fixture(benchmark::State& state, std::size_t batch) {
   for (std::size_t p = 0; p < policies; ++p)
     state.counters["tok_s_" + policy_name(p)] = r.cells[p].rate();
   fixture_part.rows.push_back(std::move(r));
-  fixture_part.rounds = bench::env_count("SPECDEC_BENCH_REPS", 3);
+  fixture_part.rounds = bench_reps();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,8 +459,8 @@ void print_summary() {
                   "vocab 32000), %zu threads, greedy,\noracle drafts accepted with probability "
                   "%.1f per token; B requests of 24 prompt + %zu new tokens each, all at once.\n"
                   "Committed tokens/s (median of %zu x ceil(8 / B) rounds, policies in lockstep); "
-                  "adapt k = the "
-                  "adaptive policy's mean draft per request and step;\nvs b=1 = k=0 tokens/s over "
+                  "adapt k = the adaptive policy's mean draft per request and step;\nvs b=1 = "
+                  "k=0 tokens/s over "
                   "batch 1's; dec b=1 = the same over the decode phase (steps without prompt "
                   "rows); k=4 gain = k=4 over k=0; adapt/best = adaptive over the best fixed "
                   "k (k=0 included).",

@@ -320,8 +320,8 @@ struct adaptive_speculation_options {
   //! its acceptance estimate follows its text; 0 never probes.
   std::size_t probe_interval = 16;
   //! A request none of whose draft tokens was tested yet (a new one) drafts one token (when
-  //! allowed), so that its estimate starts from its own text: otherwise a batch whose prior makes
-  //! speculation look unprofitable would not learn otherwise until the first probe.
+  //! allowed), so that its estimate starts from its own text: a batch whose prior makes
+  //! speculation look unprofitable would otherwise learn nothing until the first periodic probe.
   bool probe_new = true;
   //! Speculation must be predicted to raise the step's goodput by at least this fraction over no
   //! speculation, or the step drafts nothing (probes aside): the predictions rest on a measured
@@ -417,9 +417,9 @@ class adaptive_speculation {
         idle_[r.slot] = 0;
         continue;
       }
-      bool const probe = (options_.probe_new && !(r.tested > 0.0)) ||
-                         (options_.probe_interval > 0 && ++idle_[r.slot] > options_.probe_interval);
-      if (probe && r.max_draft > 0) {
+      bool const due = options_.probe_interval > 0 && ++idle_[r.slot] > options_.probe_interval;
+      bool const fresh = options_.probe_new && !(r.tested > 0.0);
+      if ((due || fresh) && r.max_draft > 0) {
         draft[i] = 1;
         idle_[r.slot] = 0;
       }
