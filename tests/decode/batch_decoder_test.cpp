@@ -369,18 +369,26 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   m.observe(8, 22.0, 0.5);                        // a moving average
   CHECK(m.predict(8) == doctest::Approx(17.0));
 
-  // Convex: a stretch whose slopes dip becomes the chord between its ends; then non-decreasing.
+  // Convex on each side of the knee (the first stretch rising by 20% of the first time): a
+  // stretch whose slopes dip becomes the chord between its ends; then non-decreasing.
   sd::forward_cost_model v;
   for (auto [r, t] : std::vector<std::pair<std::size_t, double>>{
-           {1, 10.0}, {2, 9.0}, {4, 10.0}, {8, 20.0}, {16, 24.0}, {32, 56.0}})
+           {1, 10.0}, {2, 9.0}, {4, 10.0}, {8, 20.0}, {16, 24.0}, {32, 56.0}, {64, 80.0}})
     v.observe(r, t, 1.0);
+  sd::forward_cost_model smooth = v;
   v.make_convex();
   CHECK(v.predict(1) == doctest::Approx(10.0));
-  CHECK(v.predict(2) == doctest::Approx(10.0));                      // 9, raised: non-decreasing
-  CHECK(v.predict(4) == doctest::Approx(10.0));                      // an end keeps its time
-  CHECK(v.predict(8) == doctest::Approx(10.0 + 4.0 * 14.0 / 12.0));  // the chord 4..16
-  CHECK(v.predict(16) == doctest::Approx(24.0));
-  CHECK(v.predict(32) == doctest::Approx(56.0));
+  CHECK(v.predict(2) == doctest::Approx(10.0));  // 9, raised: non-decreasing
+  CHECK(v.predict(4) == doctest::Approx(10.0));  // an end keeps its time
+  CHECK(v.predict(6) == doctest::Approx(15.0));  // the knee 4..8 as measured
+  CHECK(v.predict(8) == doctest::Approx(20.0));
+  CHECK(v.predict(16) == doctest::Approx(24.0));  // slopes 0.5, 2, 0.75 above it:
+  CHECK(v.predict(32) == doctest::Approx(24.0 + 16.0 * 56.0 / 48.0));  // the chord 16..64
+  CHECK(v.predict(64) == doctest::Approx(80.0));
+  // With no stretch counted as the knee, the chord 4..16 would price 8 rows at 14.7.
+  smooth.make_convex(10.0);
+  CHECK(smooth.predict(8) == doctest::Approx(10.0 + 4.0 * 14.0 / 12.0));
+  CHECK(smooth.predict(16) == doctest::Approx(24.0));
 
   sd::adaptive_speculation flat({.max_k = 6, .probe_interval = 0, .probe_new = false});
   sd::adaptive_speculation linear({.max_k = 6, .probe_interval = 0, .probe_new = false});
@@ -388,10 +396,15 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
     flat.costs().observe(r, r <= 32 ? 1.0 : static_cast<double>(r) / 32.0, 1.0);  // memory-bound
     linear.costs().observe(r, static_cast<double>(r), 1.0);                       // compute-bound
   }
+  // Estimates resting on many tested tokens (kept as they are, see below); a drafted token costs
+  // the proposer a microsecond.
   std::vector<sd::speculation_request> reqs(4);
-  for (std::size_t i = 0; i < 4; ++i) reqs[i] = {.slot = i, .max_draft = 8, .acceptance = 0.8};
+  for (std::size_t i = 0; i < 4; ++i)
+    reqs[i] = {.slot = i, .max_draft = 8, .acceptance = 0.8, .tested = 1e6};
   reqs[3].acceptance = 0.0;
   reqs[2].max_draft = 1;
+  sd::step_cost const proposer{.drafted = 1, .propose_seconds = 1e-6};
+  flat.observe(proposer);
   std::vector<std::size_t> k(4, 99);
   flat.choose(reqs, k);
   // Rows are free up to 32: the 3 requests that can gain draft up to their limits (6, 6, 1);
@@ -403,11 +416,39 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   sd::adaptive_speculation knee({.max_k = 6, .probe_interval = 0, .probe_new = false});
   for (std::size_t r : {1, 16, 64})
     knee.costs().observe(r, r <= 16 ? 1.0 : static_cast<double>(r) / 16.0, 1.0);
+  knee.observe(proposer);
   knee.choose(reqs, k);
   CHECK(k == std::vector<std::size_t>{6, 5, 1, 0});
-  // Probes: a request none of whose drafts was tested yet drafts one token where nothing pays.
+  // Noisy estimates are drawn to the batch's mean as far as their noise exceeds their spread:
+  // four requests on 10 tested tokens each, at 0.95, 0.65, 0.8 and 0.8, are as alike as their
+  // noise lets one tell (spread 0.045, noise 4 x 0.16 / 11): all at 0.8, an even split.
+  std::vector<sd::speculation_request> alike(4);
+  for (std::size_t i = 0; i < 4; ++i)
+    alike[i] = {.slot = i, .max_draft = 8, .acceptance = 0.8, .tested = 10.0};
+  alike[0].acceptance = 0.95;
+  alike[1].acceptance = 0.65;
+  sd::adaptive_speculation even({.max_k = 6, .probe_interval = 0, .probe_new = false});
+  even.costs() = knee.costs();
+  even.choose(alike, k);
+  for (double a : even.acceptance()) CHECK(a == doctest::Approx(0.8));
+  CHECK(k == std::vector<std::size_t>{3, 3, 3, 3});
+  // On 20 tested tokens each, 0.1, 0.9, 0.1, 0.9 differ: between-request variance 0.148 of the
+  // 0.16 observed, so each keeps 0.926 of its distance to the mean 0.5.
+  for (std::size_t i = 0; i < 4; ++i)
+    alike[i] = {.slot = i, .acceptance = i % 2 ? 0.9 : 0.1, .tested = 20.0};
+  even.choose(alike, k);
+  double const keep =
+      (0.64 - 4.0 * 0.25 / 21.0) / 4.0 / ((0.64 - 4.0 * 0.25 / 21.0) / 4.0 + 0.25 / 21.0);
+  CHECK(even.acceptance()[0] == doctest::Approx(0.5 - 0.4 * keep));
+  CHECK(even.acceptance()[1] == doctest::Approx(0.5 + 0.4 * keep));
+  alike.resize(2);  // fewer than 3: as they are
+  even.choose(alike, k);
+  CHECK(even.acceptance()[0] == doctest::Approx(0.1));
+  // Probes: a request none of whose drafts was tested yet drafts one token where nothing pays at
+  // its estimate, if its drafts could pay were they all accepted (here: rows free up to 32) ...
+  for (auto& r : reqs) r = {.slot = r.slot, .max_draft = r.max_draft, .acceptance = 0.0};
   sd::adaptive_speculation probing({.max_k = 6, .probe_interval = 0});
-  probing.costs() = linear.costs();
+  probing.costs() = flat.costs();
   reqs[1].tested = 3.0;
   reqs[2].tested = 0.5;
   probing.choose(reqs, k);
@@ -416,16 +457,42 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   probing.choose(reqs, k);
   CHECK(k == std::vector<std::size_t>{1, 0, 0, 0});
   reqs[3].max_draft = 8;
+  // ... but not where a row costs as much as a token: no acceptance would make drafting pay.
+  probing.costs() = linear.costs();
+  probing.choose(reqs, k);
+  CHECK(k == std::vector<std::size_t>{0, 0, 0, 0});
   for (auto& r : reqs) r.tested = 0.0;
-  // ... and every 3rd idle step with probe_interval 2.
+  // ... and every 3rd idle step with probe_interval 2, likewise only where drafts could pay.
   sd::adaptive_speculation periodic({.max_k = 6, .probe_interval = 2, .probe_new = false});
-  periodic.costs() = linear.costs();
   std::vector<std::size_t> probes;
-  for (int step = 0; step < 6; ++step) {
-    periodic.choose(reqs, k);
-    probes.push_back(k[0]);
+  for (auto const* costs : {&flat.costs(), &linear.costs()}) {
+    periodic.costs() = *costs;
+    for (int step = 0; step < 6; ++step) {
+      periodic.choose(reqs, k);
+      probes.push_back(k[0]);
+    }
   }
-  CHECK(probes == std::vector<std::size_t>{0, 0, 1, 0, 0, 1});
+  CHECK(probes == std::vector<std::size_t>{0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0});
+  // A step that also scores prompts keeps the drafts whose tokens come at the rate of the step
+  // without them (4 requests at 0.8, rows free up to 8: one draft each, 7.2 tokens per second at
+  // slope 1/8, 7.87 at 1/16), not those that raise its own goodput, which the time of 100 prompt
+  // rows would make any draft do.
+  for (double slope : {1.0 / 8.0, 1.0 / 16.0}) {
+    sd::adaptive_speculation p({.max_k = 6, .probe_interval = 0, .probe_new = false});
+    for (std::size_t r : {1, 8, 256})
+      p.costs().observe(r, r <= 8 ? 1.0 : 1.0 + static_cast<double>(r - 8) * slope, 1.0);
+    std::vector<sd::speculation_request> first(4);
+    for (std::size_t i = 0; i < 4; ++i)
+      first[i] = {.slot = i, .max_draft = 8, .other_rows = 25, .acceptance = 0.8};
+    p.choose(first, k);
+    // A draft row's tokens at slope 1/8: 0.8 * 8 = 6.4 per second; at 1/16: 12.8, 10.2, 8.2, 6.6.
+    CHECK(k == std::vector<std::size_t>(4, slope > 0.1 ? 0 : 3));
+    // New requests probe: one accepted token per row would come at 8 per second.
+    sd::adaptive_speculation q({.max_k = 6, .probe_interval = 0});
+    q.costs() = p.costs();
+    q.choose(first, k);
+    CHECK(k == std::vector<std::size_t>(4, slope > 0.1 ? 1 : 3));
+  }
   // A predicted gain within the margin is not taken: one request at 0.8, T(1) = 1, T(2) = 1.75
   // (one draft: 1.8 / 1.75, +2.9%).
   std::vector<sd::speculation_request> one{{.slot = 0, .max_draft = 4, .acceptance = 0.8}};

@@ -242,22 +242,48 @@ class forward_cost_model {
     scale_ = 1.0;
   }
 
-  //! Makes the curve non-decreasing and convex (its slope never falls as the rows grow), the
-  //! shape of a forward that is flat while bandwidth-bound and rises once compute-bound:
-  //! wherever the slopes between consecutive points dip, the stretch is replaced by the chord
-  //! between its ends (the slopes' isotonic regression, weighted by the rows between the points,
-  //! which keeps the ends' times), then the times are made non-decreasing. `calibrate` calls it:
-  //! a slope set by two neighbouring noisy points can be tens of percent off where the forward is
-  //! compute-bound, and there the choice of draft lengths rests on the slope.
-  void make_convex() {
+  //! Makes the curve non-decreasing and convex (its slope never falls as the rows grow) on each
+  //! side of its knee, the shape of a forward that is flat while bandwidth-bound and rises once
+  //! compute-bound: wherever the slopes between consecutive points dip, the stretch is replaced by
+  //! the chord between its ends (the slopes' isotonic regression, weighted by the rows between the
+  //! points, which keeps the ends' times), then the times are made non-decreasing. The knee -- the
+  //! first stretch over which the time rises by `knee_rise` times the first point's or more -- is
+  //! kept as measured: a kernel whose one-pass batches end at some row count (8 tokens on the CPU
+  //! with AVX-512) steps up there and rises more slowly after, and the chord across the step
+  //! would price the rows just above it too low. `calibrate` calls it: a slope set by two
+  //! neighbouring noisy points can be tens of percent off where the forward is compute-bound, and
+  //! there the choice of draft lengths rests on the slope.
+  void make_convex(double knee_rise = 0.2) {
     std::size_t const n = points_.size();
-    if (n < 3) return;
+    if (n < 2) return;
+    std::size_t knee = n;  // the knee stretch ends at points_[knee]
+    for (std::size_t i = 1; i < n && knee == n; ++i)
+      if (points_[i].seconds - points_[i - 1].seconds >= knee_rise * points_[0].seconds) knee = i;
+    if (knee < n) {
+      convex_between(0, knee - 1);
+      convex_between(knee, n - 1);
+    } else {
+      convex_between(0, n - 1);
+    }
+    for (std::size_t i = 1; i < n; ++i)
+      points_[i].seconds = std::max(points_[i].seconds, points_[i - 1].seconds);
+  }
+
+ private:
+  struct point {
+    std::size_t rows;
+    double seconds;
+  };
+
+  //! Makes points_[first..last] convex (see `make_convex`); the ends keep their times.
+  void convex_between(std::size_t first, std::size_t last) {
+    if (last < first + 2) return;
     struct block {
       double slope, weight;
       std::size_t count;
     };
     std::vector<block> blocks;
-    for (std::size_t i = 1; i < n; ++i) {
+    for (std::size_t i = first + 1; i <= last; ++i) {
       double const w = static_cast<double>(points_[i].rows - points_[i - 1].rows);
       blocks.push_back({(points_[i].seconds - points_[i - 1].seconds) / w, w, 1});
       while (blocks.size() > 1 && blocks[blocks.size() - 2].slope > blocks.back().slope) {
@@ -269,21 +295,13 @@ class forward_cost_model {
         a.count += b.count;
       }
     }
-    std::size_t i = 1;
+    std::size_t i = first + 1;
     for (block const& b : blocks) {
       for (std::size_t j = 0; j < b.count; ++j, ++i)
         points_[i].seconds = points_[i - 1].seconds +
                              b.slope * static_cast<double>(points_[i].rows - points_[i - 1].rows);
     }
-    for (i = 1; i < n; ++i)
-      points_[i].seconds = std::max(points_[i].seconds, points_[i - 1].seconds);
   }
-
- private:
-  struct point {
-    std::size_t rows;
-    double seconds;
-  };
 
   //! The curve of the points, unscaled.
   [[nodiscard]] double shape(std::size_t rows) const noexcept {
@@ -317,7 +335,8 @@ struct adaptive_speculation_options {
   //! Weight of each new step in the moving averages of the costs, in (0, 1].
   double cost_weight = 0.2;
   //! A request that drafted nothing for this many steps drafts one token (when allowed), so that
-  //! its acceptance estimate follows its text; 0 never probes.
+  //! its acceptance estimate follows its text; 0 never probes. Probes (this and `probe_new`) are
+  //! made only where the request's drafts could raise the step's goodput were they all accepted.
   std::size_t probe_interval = 16;
   //! A request none of whose draft tokens was tested yet (a new one) drafts one token (when
   //! allowed), so that its estimate starts from its own text: a batch whose prior makes
@@ -329,11 +348,11 @@ struct adaptive_speculation_options {
   //! predicted gain within that error is as likely a loss. >= 0.
   double min_gain = 0.05;
   //! Row counts `prepare` measures when the cost model is empty (see
-  //! `forward_cost_model::calibrate`), the context it measures them at and its rounds. 8 and 10
+  //! `forward_cost_model::calibrate`), the context it measures them at and its rounds. 8 and 9
   //! bracket the end of the CPU kernel's one-pass batches (8 tokens with AVX-512), where the
   //! curve bends.
-  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  6,  8,   10, 12,
-                                               16, 24, 32, 48, 64, 128, 256};
+  std::vector<std::size_t> calibration_rows = {1,  2,  3,  4,  6,  8,  9,   10,
+                                               12, 16, 24, 32, 48, 64, 128, 256};
   std::size_t calibration_context = 64;
   std::size_t calibration_rounds = 5;
 
@@ -378,13 +397,14 @@ class adaptive_speculation {
   void choose(std::span<speculation_request const> requests, std::span<std::size_t> draft) {
     std::size_t const n = std::min(requests.size(), draft.size());
     std::size_t base_rows = 0;
+    shrink_acceptance(requests.first(n));
     increments_.clear();
     for (std::size_t i = 0; i < n; ++i) {
       speculation_request const& r = requests[i];
       draft[i] = 0;
       base_rows += r.other_rows;
       std::size_t const k = std::min(options_.max_k, r.max_draft);
-      double const a = std::clamp(r.acceptance, 0.0, 1.0);
+      double const a = acceptance_[i];
       double gain = 1.0;
       for (std::size_t j = 1; j <= k; ++j) {
         gain *= a;  // E(j) - E(j - 1) = a^j
@@ -393,23 +413,51 @@ class adaptive_speculation {
       }
     }
     if (n == 0) return;
-    // The D largest increments, for every D; keep the D of the best goodput, if it beats no
-    // speculation by the margin.
     std::stable_sort(increments_.begin(), increments_.end(),
                      [](increment const& x, increment const& y) { return x.gain > y.gain; });
-    double tokens = static_cast<double>(n);
-    double best = goodput(tokens, base_rows, 0, n) * (1.0 + options_.min_gain);
-    std::size_t best_d = 0;
+    // The step without prompt rows (one row per request): the D largest increments, for every D;
+    // the best goodput, if it beats no speculation by the margin, is the rate drafts must earn.
+    double const count = static_cast<double>(n);
+    double const none = goodput(count, n, 0, n);
+    double const bar = none * (1.0 + options_.min_gain);
+    double rate = 0.0, tokens = count;
     for (std::size_t d = 0; d < increments_.size(); ++d) {
       tokens += increments_[d].gain;
-      double const g = goodput(tokens, base_rows + d + 1, d + 1, n);
+      rate = std::max(rate, goodput(tokens, n + d + 1, d + 1, n));
+    }
+    rate = std::max(rate, bar);
+    // A step that also scores prompts keeps the drafts whose tokens come at that rate: its
+    // goodput would favour drafts the prompt rows' time makes look cheap, which a decode step
+    // would put to better use. Without prompts the score is the step's goodput.
+    bool const prompts = base_rows > n;
+    double const t0 = step_seconds(base_rows, 0, n);
+    auto const score = [&](double t, std::size_t d) {
+      return prompts ? (t - count) - rate * (step_seconds(base_rows + d, d, n) - t0)
+                     : goodput(t, base_rows + d, d, n);
+    };
+    double best = prompts ? 0.0 : bar;  // no speculation, with the margin
+    double best_tokens = count;
+    std::size_t best_d = 0;
+    tokens = count;
+    for (std::size_t d = 0; d < increments_.size(); ++d) {
+      tokens += increments_[d].gain;
+      double const g = score(tokens, d + 1);
       if (g > best) {
         best = g;
+        best_tokens = tokens;
         best_d = d + 1;
       }
     }
     for (std::size_t d = 0; d < best_d; ++d) ++draft[increments_[d].request];
-    // A new request, or one left without speculation for a while, probes with one token.
+    // A new request, or one left without speculation for a while, probes with one token -- if
+    // its drafts could pay in this step were all of them accepted: where the forward is
+    // compute-bound, what a probe would learn cannot change the choice, and the probe's row
+    // costs what it does.
+    auto const could_pay = [&](std::size_t limit) {
+      for (std::size_t j = 1; j <= limit; ++j)
+        if (score(best_tokens + static_cast<double>(j), best_d + j) > best) return true;
+      return false;
+    };
     for (std::size_t i = 0; i < n; ++i) {
       speculation_request const& r = requests[i];
       if (idle_.size() <= r.slot) idle_.resize(r.slot + 1, 0);
@@ -419,7 +467,8 @@ class adaptive_speculation {
       }
       bool const due = options_.probe_interval > 0 && ++idle_[r.slot] > options_.probe_interval;
       bool const fresh = options_.probe_new && !(r.tested > 0.0);
-      if ((due || fresh) && r.max_draft > 0) {
+      std::size_t const limit = std::min(options_.max_k, r.max_draft);
+      if ((due || fresh) && limit > 0 && could_pay(limit)) {
         draft[i] = 1;
         idle_[r.slot] = 0;
       }
@@ -443,6 +492,11 @@ class adaptive_speculation {
     }
   }
 
+  //! The acceptance rates the last `choose` used, by request: each request's estimate drawn
+  //! towards the batch's mean as far as its noise exceeds the spread between requests (see
+  //! `shrink_acceptance`).
+  [[nodiscard]] std::span<double const> acceptance() const noexcept { return acceptance_; }
+
   //! The forward cost model (calibrated, refined online).
   [[nodiscard]] forward_cost_model const& costs() const noexcept { return costs_; }
   //! The forward cost model, to calibrate or seed from measurements made elsewhere.
@@ -456,14 +510,55 @@ class adaptive_speculation {
   //! `rows` forward rows, `drafted` drafted tokens and `requests` requests.
   [[nodiscard]] double goodput(double tokens, std::size_t rows, std::size_t drafted,
                                std::size_t requests) const noexcept {
-    // Without a measured forward, a forward's time counts as proportional to its rows.
-    double const forward = costs_.empty() ? static_cast<double>(rows) : costs_.predict(rows);
-    double const t = forward + per_draft_ * static_cast<double>(drafted) +
-                     per_request_ * static_cast<double>(requests);
+    double const t = step_seconds(rows, drafted, requests);
     return t > 0.0 ? tokens / t : 0.0;
   }
 
+  //! The predicted time of a step with `rows` forward rows, `drafted` drafted tokens and
+  //! `requests` requests (without a measured forward, a forward's time counts as its rows).
+  [[nodiscard]] double step_seconds(std::size_t rows, std::size_t drafted,
+                                    std::size_t requests) const noexcept {
+    double const forward = costs_.empty() ? static_cast<double>(rows) : costs_.predict(rows);
+    return forward + per_draft_ * static_cast<double>(drafted) +
+           per_request_ * static_cast<double>(requests);
+  }
+
  private:
+  //! Sets acceptance_[i] for every request: the empirical-Bayes estimate of its rate. A request's
+  //! estimate rests on a few recently tested tokens (`tested`), so it is noisy, with variance
+  //! about m (1 - m) / (tested + 1) around its true rate (m: the batch's mean, weighted by
+  //! tested); picking the largest of noisy estimates picks their errors too, and a batch whose
+  //! requests all accept alike would spread its drafts unevenly and commit fewer tokens than an
+  //! even split. The spread of the true rates is estimated as the estimates' variance less the
+  //! noise's (at least 0), and each estimate is drawn to the mean by the fraction of its variance
+  //! that is noise. Fewer than 3 requests keep their estimates.
+  void shrink_acceptance(std::span<speculation_request const> requests) {
+    std::size_t const n = requests.size();
+    acceptance_.resize(n);
+    for (std::size_t i = 0; i < n; ++i)
+      acceptance_[i] = std::clamp(requests[i].acceptance, 0.0, 1.0);
+    if (n < 3) return;
+    double weight = 0.0, sum = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double const t = std::max(0.0, requests[i].tested) + 1.0;
+      weight += t;
+      sum += t * acceptance_[i];
+    }
+    double const mean = sum / weight;
+    double spread = 0.0, noise = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double const d = acceptance_[i] - mean;
+      spread += d * d;
+      noise += mean * (1.0 - mean) / (std::max(0.0, requests[i].tested) + 1.0);
+    }
+    double const between = std::max(0.0, (spread - noise) / static_cast<double>(n));
+    for (std::size_t i = 0; i < n; ++i) {
+      double const v = mean * (1.0 - mean) / (std::max(0.0, requests[i].tested) + 1.0);
+      double const keep = between + v > 0.0 ? between / (between + v) : 1.0;
+      acceptance_[i] = mean + keep * (acceptance_[i] - mean);
+    }
+  }
+
   struct increment {
     double gain;          // a^j: the expected tokens one more draft token adds
     std::size_t request;  // index into the step's requests
@@ -473,7 +568,8 @@ class adaptive_speculation {
   double per_draft_ = 0.0, per_request_ = 0.0;
   bool seen_draft_ = false, seen_request_ = false;
   std::vector<increment> increments_;
-  std::vector<std::size_t> idle_;  // [slot] steps without a draft
+  std::vector<double> acceptance_;  // [request of the last step] the rates `choose` used
+  std::vector<std::size_t> idle_;   // [slot] steps without a draft
 };
 
 static_assert(speculation_policy<fixed_speculation>);
