@@ -369,8 +369,8 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   m.observe(8, 22.0, 0.5);                        // a moving average
   CHECK(m.predict(8) == doctest::Approx(17.0));
 
-  // Convex on each side of the knee (the first stretch rising by 20% of the first time): a
-  // stretch whose slopes dip becomes the chord between its ends; then non-decreasing.
+  // Convex from the first point at twice the first time (compute-bound): a stretch whose slopes
+  // dip becomes the chord between its ends; below, as measured; then non-decreasing.
   sd::forward_cost_model v;
   for (auto [r, t] : std::vector<std::pair<std::size_t, double>>{
            {1, 10.0}, {2, 9.0}, {4, 10.0}, {8, 20.0}, {16, 24.0}, {32, 56.0}, {64, 80.0}})
@@ -380,13 +380,13 @@ TEST_CASE("speculation: the expected accepted length, the cost model and the goo
   CHECK(v.predict(1) == doctest::Approx(10.0));
   CHECK(v.predict(2) == doctest::Approx(10.0));  // 9, raised: non-decreasing
   CHECK(v.predict(4) == doctest::Approx(10.0));  // an end keeps its time
-  CHECK(v.predict(6) == doctest::Approx(15.0));  // the knee 4..8 as measured
+  CHECK(v.predict(6) == doctest::Approx(15.0));  // the step 4..8 as measured
   CHECK(v.predict(8) == doctest::Approx(20.0));
   CHECK(v.predict(16) == doctest::Approx(24.0));  // slopes 0.5, 2, 0.75 above it:
   CHECK(v.predict(32) == doctest::Approx(24.0 + 16.0 * 56.0 / 48.0));  // the chord 16..64
   CHECK(v.predict(64) == doctest::Approx(80.0));
-  // With no stretch counted as the knee, the chord 4..16 would price 8 rows at 14.7.
-  smooth.make_convex(10.0);
+  // Convex throughout, the chord 4..16 would price 8 rows at 14.7.
+  smooth.make_convex(0.0);
   CHECK(smooth.predict(8) == doctest::Approx(10.0 + 4.0 * 14.0 / 12.0));
   CHECK(smooth.predict(16) == doctest::Approx(24.0));
 

@@ -155,9 +155,12 @@ class forward_cost_model {
   //! warm-up round, each forward right after one of the smallest row count (the reference): a
   //! point is the median of its rounds' ratios to their reference times the median reference
   //! time, so that a machine whose speed drifts during the calibration (memory bandwidth shared
-  //! with other machines, the clock) keeps the curve's shape. The points are then made convex and
-  //! non-decreasing (`make_convex`). Replaces what was learnt. Throws what the model throws (no
-  //! free slot: `errc::context_overflow`).
+  //! with other machines, the clock) keeps the curve's shape. Row counts whose forward takes at
+  //! most 4 reference forwards get 3 times the rounds: they are cheap, and where the forward
+  //! turns compute-bound the choice of draft lengths rests on their ratios, a few percent apart.
+  //! The points are then made convex where compute-bound and non-decreasing (`make_convex`).
+  //! Replaces what was learnt. Throws what the model throws (no free slot:
+  //! `errc::context_overflow`).
   template <batched_lm Model>
   void calibrate(Model& model, std::span<std::size_t const> rows, std::size_t context = 64,
                  std::size_t rounds = 3, std::size_t max_segments = 32) {
@@ -216,9 +219,11 @@ class forward_cost_model {
       if (r > 0) reference = std::min(reference, r);
     std::vector<std::vector<double>> ratios(rows.size());
     std::vector<double> references;
-    for (std::size_t round = 0; round <= rounds; ++round) {
+    for (std::size_t round = 0; round <= 3 * rounds; ++round) {
       for (std::size_t i = 0; i < rows.size(); ++i) {
         if (rows[i] == 0) continue;
+        bool const cheap = !ratios[i].empty() && ratios[i].front() <= 4.0;
+        if (round > rounds && !cheap) continue;
         double const base = time_forward(reference);
         double const seconds = rows[i] == reference ? base : time_forward(rows[i]);
         if (round == 0 || !(base > 0.0)) continue;  // the first round warms the buffers
@@ -242,28 +247,44 @@ class forward_cost_model {
     scale_ = 1.0;
   }
 
-  //! Makes the curve non-decreasing and convex (its slope never falls as the rows grow) on each
-  //! side of its knee, the shape of a forward that is flat while bandwidth-bound and rises once
-  //! compute-bound: wherever the slopes between consecutive points dip, the stretch is replaced by
-  //! the chord between its ends (the slopes' isotonic regression, weighted by the rows between the
-  //! points, which keeps the ends' times), then the times are made non-decreasing. The knee -- the
-  //! first stretch over which the time rises by `knee_rise` times the first point's or more -- is
-  //! kept as measured: a kernel whose one-pass batches end at some row count (8 tokens on the CPU
-  //! with AVX-512) steps up there and rises more slowly after, and the chord across the step
-  //! would price the rows just above it too low. `calibrate` calls it: a slope set by two
-  //! neighbouring noisy points can be tens of percent off where the forward is compute-bound, and
-  //! there the choice of draft lengths rests on the slope.
-  void make_convex(double knee_rise = 0.2) {
+  //! Makes the curve convex (its slope never falls as the rows grow) where it is compute-bound
+  //! -- from the first point whose time is at least `compute_bound` times the first point's --
+  //! and non-decreasing throughout: wherever the slopes between consecutive points there dip, the
+  //! stretch is replaced by the chord between its ends (the slopes' isotonic regression, weighted
+  //! by the rows between the points, which keeps the ends' times). `calibrate` calls it: there a
+  //! slope set by two neighbouring noisy points can be tens of percent off, and the choice of
+  //! draft lengths rests on the slope. Below, the points are kept as measured: a kernel whose
+  //! one-pass batches end at some row count (8 tokens on the CPU with AVX-512) steps up there and
+  //! rises more slowly after, and a chord across the step would price the rows above it too low.
+  void make_convex(double compute_bound = 2.0) {
     std::size_t const n = points_.size();
     if (n < 2) return;
-    std::size_t knee = n;  // the knee stretch ends at points_[knee]
-    for (std::size_t i = 1; i < n && knee == n; ++i)
-      if (points_[i].seconds - points_[i - 1].seconds >= knee_rise * points_[0].seconds) knee = i;
-    if (knee < n) {
-      convex_between(0, knee - 1);
-      convex_between(knee, n - 1);
-    } else {
-      convex_between(0, n - 1);
+    std::size_t first = 0;
+    while (first < n && points_[first].seconds < compute_bound * points_[0].seconds) ++first;
+    if (first + 2 < n) {
+      struct block {
+        double slope, weight;
+        std::size_t count;
+      };
+      std::vector<block> blocks;
+      for (std::size_t i = first + 1; i < n; ++i) {
+        double const w = static_cast<double>(points_[i].rows - points_[i - 1].rows);
+        blocks.push_back({(points_[i].seconds - points_[i - 1].seconds) / w, w, 1});
+        while (blocks.size() > 1 && blocks[blocks.size() - 2].slope > blocks.back().slope) {
+          block const b = blocks.back();
+          blocks.pop_back();
+          block& a = blocks.back();
+          a.slope = (a.slope * a.weight + b.slope * b.weight) / (a.weight + b.weight);
+          a.weight += b.weight;
+          a.count += b.count;
+        }
+      }
+      std::size_t i = first + 1;
+      for (block const& b : blocks) {
+        for (std::size_t j = 0; j < b.count; ++j, ++i)
+          points_[i].seconds = points_[i - 1].seconds +
+                               b.slope * static_cast<double>(points_[i].rows - points_[i - 1].rows);
+      }
     }
     for (std::size_t i = 1; i < n; ++i)
       points_[i].seconds = std::max(points_[i].seconds, points_[i - 1].seconds);
@@ -274,34 +295,6 @@ class forward_cost_model {
     std::size_t rows;
     double seconds;
   };
-
-  //! Makes points_[first..last] convex (see `make_convex`); the ends keep their times.
-  void convex_between(std::size_t first, std::size_t last) {
-    if (last < first + 2) return;
-    struct block {
-      double slope, weight;
-      std::size_t count;
-    };
-    std::vector<block> blocks;
-    for (std::size_t i = first + 1; i <= last; ++i) {
-      double const w = static_cast<double>(points_[i].rows - points_[i - 1].rows);
-      blocks.push_back({(points_[i].seconds - points_[i - 1].seconds) / w, w, 1});
-      while (blocks.size() > 1 && blocks[blocks.size() - 2].slope > blocks.back().slope) {
-        block const b = blocks.back();
-        blocks.pop_back();
-        block& a = blocks.back();
-        a.slope = (a.slope * a.weight + b.slope * b.weight) / (a.weight + b.weight);
-        a.weight += b.weight;
-        a.count += b.count;
-      }
-    }
-    std::size_t i = first + 1;
-    for (block const& b : blocks) {
-      for (std::size_t j = 0; j < b.count; ++j, ++i)
-        points_[i].seconds = points_[i - 1].seconds +
-                             b.slope * static_cast<double>(points_[i].rows - points_[i - 1].rows);
-    }
-  }
 
   //! The curve of the points, unscaled.
   [[nodiscard]] double shape(std::size_t rows) const noexcept {
