@@ -14,7 +14,9 @@
 //! maximising sum_i E_i(k_i) / step time. E_i's increments a_i^j (j = 1, 2, ...) decrease, so for
 //! each total D of drafted tokens the best split gives the D largest increments over all requests;
 //! the policy scans D = 0, 1, ... (the time depends on D only) and keeps the best. D = 0 -- no
-//! speculation -- wins when the forward is compute-bound and acceptance is low.
+//! speculation -- wins when the forward is compute-bound and acceptance is low. A step that also
+//! scores prompts keeps the drafts whose tokens come at the rate of the step without them; the
+//! a_i are the requests' estimates drawn to the batch's mean as far as they are noise.
 
 #include <algorithm>
 #include <chrono>
