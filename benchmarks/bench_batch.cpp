@@ -76,10 +76,11 @@ std::string policy_name(std::size_t p) {
   return p <= max_k ? "k=" + std::to_string(p) : "adaptive";
 }
 
-//! Rounds at batch B: SPECDEC_BENCH_REPS x ceil(8 / B) (see the file comment).
+//! SPECDEC_BENCH_REPS (default 3).
 std::size_t bench_reps() {
   return bench::env_count("SPECDEC_BENCH_REPS", 3);
 }
+//! Rounds at batch B: SPECDEC_BENCH_REPS x ceil(8 / B) (see the file comment).
 std::size_t rounds_at(std::size_t batch) {
   return bench_reps() * ((8 + batch - 1) / batch);
 }

@@ -410,30 +410,31 @@ class adaptive_speculation {
     if (n == 0) return;
     std::stable_sort(increments_.begin(), increments_.end(),
                      [](increment const& x, increment const& y) { return x.gain > y.gain; });
-    // The step without prompt rows (one row per request): the D largest increments, for every D;
-    // the best goodput, if it beats no speculation by the margin, is the rate drafts must earn.
     double const count = static_cast<double>(n);
-    double const none = goodput(count, n, 0, n);
-    double const bar = none * (1.0 + options_.min_gain);
-    double rate = 0.0, tokens = count;
-    for (std::size_t d = 0; d < increments_.size(); ++d) {
-      tokens += increments_[d].gain;
-      rate = std::max(rate, goodput(tokens, n + d + 1, d + 1, n));
-    }
-    rate = std::max(rate, bar);
-    // A step that also scores prompts keeps the drafts whose tokens come at that rate: its
-    // goodput would favour drafts the prompt rows' time makes look cheap, which a decode step
-    // would put to better use. Without prompts the score is the step's goodput.
+    double const bar = goodput(count, n, 0, n) * (1.0 + options_.min_gain);  // none, the margin
+    // A step that also scores prompts keeps the drafts whose tokens come at the rate r of the step
+    // without them (one row per request: its best goodput, at least `bar`); its own goodput would
+    // favour drafts the prompt rows' time makes look cheap, which a decode step would put to
+    // better use. Without prompts the score is the step's goodput.
     bool const prompts = base_rows > n;
-    double const t0 = step_seconds(base_rows, 0, n);
+    double rate = bar, t0 = 0.0;
+    if (prompts) {
+      t0 = step_seconds(base_rows, 0, n);
+      double tokens = count;
+      for (std::size_t d = 0; d < increments_.size(); ++d) {
+        tokens += increments_[d].gain;
+        rate = std::max(rate, goodput(tokens, n + d + 1, d + 1, n));
+      }
+    }
     auto const score = [&](double t, std::size_t d) {
       return prompts ? (t - count) - rate * (step_seconds(base_rows + d, d, n) - t0)
                      : goodput(t, base_rows + d, d, n);
     };
-    double best = prompts ? 0.0 : bar;  // no speculation, with the margin
-    double best_tokens = count;
+    // The D largest increments, for every D; keep the D of the best score, if it beats no
+    // speculation (with the margin).
+    double best = prompts ? 0.0 : bar;
+    double best_tokens = count, tokens = count;
     std::size_t best_d = 0;
-    tokens = count;
     for (std::size_t d = 0; d < increments_.size(); ++d) {
       tokens += increments_[d].gain;
       double const g = score(tokens, d + 1);
@@ -447,12 +448,11 @@ class adaptive_speculation {
     // A new request, or one left without speculation for a while, probes with one token -- if
     // its drafts could pay in this step were all of them accepted: where the forward is
     // compute-bound, what a probe would learn cannot change the choice, and the probe's row
-    // costs what it does.
-    auto const could_pay = [&](std::size_t limit) {
-      for (std::size_t j = 1; j <= limit; ++j)
-        if (score(best_tokens + static_cast<double>(j), best_d + j) > best) return true;
-      return false;
-    };
+    // costs what it does. The fewest such drafts that would pay is the same for every request.
+    std::size_t pays_from = options_.max_k + 1;
+    if (options_.probe_interval > 0 || options_.probe_new)
+      for (std::size_t j = 1; j <= options_.max_k && pays_from > options_.max_k; ++j)
+        if (score(best_tokens + static_cast<double>(j), best_d + j) > best) pays_from = j;
     for (std::size_t i = 0; i < n; ++i) {
       speculation_request const& r = requests[i];
       if (idle_.size() <= r.slot) idle_.resize(r.slot + 1, 0);
@@ -462,8 +462,7 @@ class adaptive_speculation {
       }
       bool const due = options_.probe_interval > 0 && ++idle_[r.slot] > options_.probe_interval;
       bool const fresh = options_.probe_new && !(r.tested > 0.0);
-      std::size_t const limit = std::min(options_.max_k, r.max_draft);
-      if ((due || fresh) && limit > 0 && could_pay(limit)) {
+      if ((due || fresh) && std::min(options_.max_k, r.max_draft) >= pays_from) {
         draft[i] = 1;
         idle_[r.slot] = 0;
       }
@@ -533,22 +532,23 @@ class adaptive_speculation {
     for (std::size_t i = 0; i < n; ++i)
       acceptance_[i] = std::clamp(requests[i].acceptance, 0.0, 1.0);
     if (n < 3) return;
+    auto const evidence = [&](std::size_t i) { return std::max(0.0, requests[i].tested) + 1.0; };
     double weight = 0.0, sum = 0.0;
     for (std::size_t i = 0; i < n; ++i) {
-      double const t = std::max(0.0, requests[i].tested) + 1.0;
-      weight += t;
-      sum += t * acceptance_[i];
+      weight += evidence(i);
+      sum += evidence(i) * acceptance_[i];
     }
     double const mean = sum / weight;
-    double spread = 0.0, noise = 0.0;
+    auto const noise = [&](std::size_t i) { return mean * (1.0 - mean) / evidence(i); };
+    double spread = 0.0, noises = 0.0;
     for (std::size_t i = 0; i < n; ++i) {
       double const d = acceptance_[i] - mean;
       spread += d * d;
-      noise += mean * (1.0 - mean) / (std::max(0.0, requests[i].tested) + 1.0);
+      noises += noise(i);
     }
-    double const between = std::max(0.0, (spread - noise) / static_cast<double>(n));
+    double const between = std::max(0.0, (spread - noises) / static_cast<double>(n));
     for (std::size_t i = 0; i < n; ++i) {
-      double const v = mean * (1.0 - mean) / (std::max(0.0, requests[i].tested) + 1.0);
+      double const v = noise(i);
       double const keep = between + v > 0.0 ? between / (between + v) : 1.0;
       acceptance_[i] = mean + keep * (acceptance_[i] - mean);
     }
