@@ -45,9 +45,7 @@ class auxiliary_batch {
     position_limit_ = position_limit;
     aux_stride_ = mask_words(tree_size_ + room_);
     tokens_.assign(tree.tokens().begin(), tree.tokens().end());
-    positions_.resize(tree_size_);
-    for (std::size_t i = 0; i < tree_size_; ++i)
-      positions_[i] = base + tree.depth(static_cast<node_index>(i));
+    tree.positions(base, positions_);
     aux_mask_.clear();
     wants_logits_.clear();
     logits_rows_.clear();

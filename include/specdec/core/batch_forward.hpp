@@ -30,14 +30,18 @@ struct batch_segment {
   std::span<std::int32_t const> logits_rows = {};  //!< rows (of this segment) that need logits;
                                                    //!< empty = all rows
 
-  //! The segment as a single-sequence request (what a backend scores against the slot's cache).
-  [[nodiscard]] forward_request request(bool want_hidden = false) const noexcept {
+  //! The segment as a single-sequence request (what a backend scores against the slot's cache),
+  //! with the batch-wide hidden rows asked for (`batch_forward_request::want_hidden` and
+  //! `hidden_layers`).
+  [[nodiscard]] forward_request request(
+      bool want_hidden = false, std::span<std::int32_t const> hidden_layers = {}) const noexcept {
     return forward_request{.tokens = tokens,
                            .positions = positions,
                            .mask = mask,
                            .mask_stride = mask_stride,
                            .logits_rows = logits_rows,
-                           .want_hidden = want_hidden};
+                           .want_hidden = want_hidden,
+                           .hidden_layers = hidden_layers};
   }
 
   //! Rows of logits the segment returns.
@@ -50,6 +54,14 @@ struct batch_segment {
 struct batch_forward_request {
   std::span<batch_segment const> segments = {};  //!< [segments], each on a different slot
   bool want_hidden = false;  //!< also return the final hidden state of every token
+  //! Also return the residual streams after these layers for every token, side by side (as
+  //! `forward_request::hidden_layers`; EAGLE-3 reads three layers' features).
+  std::span<std::int32_t const> hidden_layers = {};
+
+  //! Segment s as a single-sequence request with this batch's hidden rows asked for.
+  [[nodiscard]] forward_request request(std::size_t s) const noexcept {
+    return segments[s].request(want_hidden, hidden_layers);
+  }
 
   //! Throws `specdec::error` when the request is malformed for a model of this vocabulary, context
   //! length and number of slots: no segment, a slot out of range or used twice, or a segment whose
@@ -114,6 +126,14 @@ struct batch_forward_result {
     if (rows.hidden.empty() || rows.hidden_size == 0) return {};
     return matrix_view<float const>(rows.hidden.data() + token_offsets[s] * rows.hidden_size,
                                     token_offsets[s + 1] - token_offsets[s], rows.hidden_size);
+  }
+  //! Segment s's residual streams of the requested layers: [tokens, layers x hidden_size] (see
+  //! `forward_result::layer_hidden`), or empty without `hidden_layers`. Unchecked s.
+  [[nodiscard]] matrix_view<float const> layer_hidden(std::size_t s) const noexcept {
+    matrix_view<float const> const all = rows.layer_hidden_view();
+    if (all.empty()) return {};
+    return matrix_view<float const>(all.data() + token_offsets[s] * all.cols(),
+                                    token_offsets[s + 1] - token_offsets[s], all.cols());
   }
 };
 

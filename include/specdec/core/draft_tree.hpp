@@ -203,6 +203,20 @@ class draft_tree {
     return -1;
   }
 
+  //! Writes into `out` (resized to size()) the absolute position of every node when the root
+  //! sits at position `base`: base + depth. The positions a forward scores the tree at.
+  void positions(position_t base, std::vector<position_t>& out) const {
+    out.resize(size());
+    for (std::size_t i = 0; i < size(); ++i) out[i] = base + depths_[i];
+  }
+  //! Writes into `out` the nodes from the root's child down to `node` (node included; empty for
+  //! the root): the path a verifier accepts when it accepts `node`.
+  void path_to(node_index node, std::vector<node_index>& out) const {
+    out.clear();
+    for (node_index a = node; a > 0; a = parents_[idx(a)]) out.push_back(a);
+    std::reverse(out.begin(), out.end());
+  }
+
   [[nodiscard]] std::span<token_id const> tokens() const noexcept { return tokens_; }
   [[nodiscard]] std::span<node_index const> parents() const noexcept { return parents_; }
   [[nodiscard]] std::span<std::int32_t const> depths() const noexcept { return depths_; }

@@ -22,6 +22,10 @@
 //! A type can also specialise `proposer_traits` / `verifier_traits` instead of declaring the
 //! members (e.g. to describe a type it cannot change). The `_v` variables read the traits.
 
+#include <concepts>
+#include <cstdint>
+#include <span>
+
 namespace specdec {
 
 // Whether `T::member` exists and is true / exists and is false (undefined below).
@@ -88,6 +92,20 @@ inline constexpr bool needs_draft_probs_v = verifier_traits<V>::needs_draft_prob
 //! `verifier_traits<V>::lossless`.
 template <class V>
 inline constexpr bool lossless_v = verifier_traits<V>::lossless;
+
+//! The target layers whose residual streams `proposer` reads (its `target_hidden_layers()`, e.g.
+//! EAGLE-3's), or none: the final hidden state (when it reads hidden states at all).
+template <class Proposer>
+[[nodiscard]] std::span<std::int32_t const> target_hidden_layers(Proposer const& proposer) {
+  if constexpr (requires {
+                  {
+                    proposer.target_hidden_layers()
+                    } -> std::convertible_to<std::span<std::int32_t const>>;
+                })
+    return proposer.target_hidden_layers();
+  else
+    return {};
+}
 
 //! Whether proposer P and verifier V can work together, as far as types can tell:
 //! - a proposer that samples its drafts needs a verifier that weighs them by their q rows, not a

@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/batch_forward.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
@@ -72,6 +73,7 @@
 #include "specdec/core/views.hpp"
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/detail/phase_timer.hpp"
+#include "specdec/decode/sequence.hpp"
 #include "specdec/decode/speculation.hpp"
 
 namespace specdec {
@@ -197,9 +199,16 @@ class batch_decoder {
   static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
                 "batch_decoder: this proposer drafts trees but the verifier handles chains "
                 "only. Use a tree verifier.");
-  static_assert(!has_auxiliary_tokens_v<Proposer> && !needs_target_hidden_v<Proposer>,
-                "batch_decoder: proposers that add auxiliary tokens or read the target's hidden "
-                "states are not supported in a batch");
+  static_assert(
+      !has_auxiliary_tokens_v<Proposer> ||
+          requires(Proposer & p, std::size_t slot, propose_context const& ctx,
+                   draft_tree const& tree, auxiliary_batch& aux, matrix_view<float const> rows,
+                   verify_result const& r) {
+            p.auxiliary(slot, ctx, tree, aux);
+            p.observe(slot, rows, rows, r);
+          },
+      "batch_decoder: this proposer declares has_auxiliary_tokens but lacks "
+      "auxiliary(slot, ctx, tree, aux) or observe(slot, tree_logits, aux_logits, result)");
 
  public:
   using request_id = std::uint64_t;  //!< a request's id (0, 1, 2, ... in submission order)
@@ -281,15 +290,15 @@ class batch_decoder {
     // Limits and the speculation policy's choice.
     spec_.clear();
     for (auto& r : running_) {
-      std::span<token_id const> const committed = r->sink.committed();
-      std::size_t const base = committed.size() - 1;
-      if (base >= r->capacity) {
-        r->sink.context_full();
-        finish(*r, r->out.reason);
-        continue;
+      std::size_t limit = 0;
+      if (!r->prefills_alone()) {
+        std::optional<std::size_t> const l = r->seq.draft_limit();
+        if (!l) {
+          finish(*r, r->out.reason);
+          continue;
+        }
+        limit = *l;
       }
-      std::size_t limit = std::min(r->budget, r->capacity - base - 1);
-      if constexpr (!produces_trees_v<Proposer>) limit = std::min(limit, r->sink.remaining() - 1);
       double const w = config_.acceptance_prior_weight;
       // The batch's rate, itself with `acceptance_prior` as its prior: when every request was
       // unlucky (a batch of one, say), the estimates return to the prior as the evidence fades.
@@ -299,7 +308,7 @@ class batch_decoder {
               : config_.acceptance_prior;
       spec_.push_back({.slot = r->slot,
                        .max_draft = limit,
-                       .other_rows = 1 + (r->first_step ? r->prompt.size() - 1 : 0),
+                       .other_rows = (r->prefills_alone() ? 0 : 1) + r->seq.prompt_rows(),
                        .acceptance = (r->accepted_recent + prior * w) /
                                      (r->tested_recent + w > 0.0 ? r->tested_recent + w : 1.0),
                        .tested = r->tested_recent});
@@ -317,46 +326,48 @@ class batch_decoder {
     speculation_.choose(std::span<speculation_request const>(spec_),
                         std::span<std::size_t>(draft_));
 
-    // Propose, for the whole batch at once.
+    // Propose, for the whole batch at once (not for requests whose prompt is scored alone first).
     auto const propose_start = std::chrono::steady_clock::now();
     items_.clear();
+    owners_.clear();
     for (std::size_t i = 0; i < running_.size(); ++i) {
       request& r = *running_[i];
-      propose_context ctx;
-      ctx.tokens = r.sink.committed();
-      ctx.max_nodes = std::min(draft_[i], spec_[i].max_draft);
-      ctx.rng = &r.rng;
-      items_.push_back({.slot = r.slot, .ctx = ctx, .tree = &r.tree, .error = nullptr});
+      if (r.prefills_alone()) continue;
+      items_.push_back({.slot = r.slot,
+                        .ctx = r.seq.context(std::min(draft_[i], spec_[i].max_draft)),
+                        .tree = &r.seq.tree(),
+                        .error = nullptr});
+      owners_.push_back(i);
     }
     std::exception_ptr propose_error;
-    try {
-      proposer_->propose(std::span<batch_propose_item>(items_));
-    } catch (...) {
-      propose_error = std::current_exception();
+    if (!items_.empty()) {
+      try {
+        proposer_->propose(std::span<batch_propose_item>(items_));
+      } catch (...) {
+        propose_error = std::current_exception();
+      }
     }
-    double const propose_seconds = detail::seconds_since(propose_start);
     std::size_t drafted = 0;
-    for (std::size_t i = 0; i < running_.size(); ++i) {
-      request& r = *running_[i];
-      std::exception_ptr const e = propose_error ? propose_error : items_[i].error;
+    for (std::size_t k = 0; k < items_.size(); ++k) {
+      request& r = *running_[owners_[k]];
+      std::exception_ptr const e = propose_error ? propose_error : items_[k].error;
       if (e) {
         fail(r, e);
         continue;
       }
-      std::span<token_id const> const committed = r.sink.committed();
-      if (r.tree.empty() || r.tree.root() != committed.back()) {
-        fail(r, detail::concat("batch_decoder: the proposer's tree must have the last committed "
-                               "token ",
-                               committed.back(), " as its root"));
+      try {
+        if constexpr (has_auxiliary_tokens_v<Proposer>)
+          r.seq.auxiliary([&](auxiliary_batch& aux) {
+            proposer_->auxiliary(r.slot, items_[k].ctx, r.seq.tree(), aux);
+          });
+        r.seq.check_draft(items_[k].ctx.max_nodes, who);
+      } catch (...) {
+        fail(r, std::current_exception());
         continue;
       }
-      if (r.tree.num_drafted() > items_[i].ctx.max_nodes) {
-        fail(r, detail::concat("batch_decoder: the proposer drafted ", r.tree.num_drafted(),
-                               " nodes, more than max_nodes = ", items_[i].ctx.max_nodes));
-        continue;
-      }
-      drafted += r.tree.num_drafted();
+      drafted += r.seq.tree().num_drafted();
     }
+    double const propose_seconds = detail::seconds_since(propose_start);
     compact();
     if (running_.empty())
       return finish_step(start, 0, 0.0, propose_seconds, drafted, false, committed_before);
@@ -365,14 +376,26 @@ class batch_decoder {
     segments_.clear();
     std::size_t rows = 0, prefill_rows = 0;
     for (auto& r : running_) {
-      segments_.push_back(segment_of(*r));
-      rows += segments_.back().tokens.size();
-      if (r->first_step) prefill_rows += r->prompt.size() - 1;
+      prefill_rows += r->seq.prompt_rows();
+      forward_request const req =
+          r->prefills_alone() ? r->seq.prefill_request() : r->seq.request(r->seq.prompt_rows() > 0);
+      segments_.push_back({.slot = r->slot,
+                           .tokens = req.tokens,
+                           .positions = req.positions,
+                           .mask = req.mask,
+                           .mask_stride = req.mask_stride,
+                           .logits_rows = req.logits_rows});
+      rows += req.tokens.size();
+    }
+    batch_forward_request batch{.segments = std::span<batch_segment const>(segments_)};
+    if constexpr (needs_target_hidden_v<Proposer>) {
+      batch.hidden_layers = target_hidden_layers(*proposer_);
+      batch.want_hidden = batch.hidden_layers.empty();
     }
     auto const forward_start = std::chrono::steady_clock::now();
     bool batched = true;
     try {
-      target_->forward({.segments = std::span<batch_segment const>(segments_)}, fwd_);
+      target_->forward(batch, fwd_);
     } catch (...) {
       batched = false;
     }
@@ -388,20 +411,21 @@ class batch_decoder {
     for (std::size_t i = 0; i < running_.size(); ++i) {
       request& r = *running_[i];
       if (batched) {
-        conclude(r, fwd_.logits(i));
+        conclude(r, fwd_, i);
         continue;
       }
       auto const t0 = std::chrono::steady_clock::now();
       try {
-        batch_segment const one = segment_of(r);
-        target_->forward({.segments = std::span<batch_segment const>(&one, 1)}, single_);
+        batch_forward_request one = batch;
+        one.segments = std::span<batch_segment const>(&segments_[i], 1);
+        target_->forward(one, single_);
       } catch (...) {
         forward_seconds += detail::seconds_since(t0);
         fail(r, std::current_exception());
         continue;
       }
       forward_seconds += detail::seconds_since(t0);
-      conclude(r, single_.logits(0));
+      conclude(r, single_, 0);
     }
     stats_.rows += rows;
     stats_.prefill_rows += prefill_rows;
@@ -441,6 +465,8 @@ class batch_decoder {
   [[nodiscard]] batch_decoder_config const& config() const noexcept { return config_; }
 
  private:
+  static constexpr char const* who = "batch_decoder";
+
   //! One request and its state.
   struct request {
     explicit request(Policy p) : policy(std::move(p)) {}
@@ -455,38 +481,21 @@ class batch_decoder {
     std::size_t slot = 0;
     bool has_slot = false;
     bool proposer_started = false;
-    std::size_t capacity = 0;  // positions its cache can hold
-    std::size_t budget = 0;    // node budget
-    bool first_step = true;    // its prompt rides in its next forward
     bool cancel = false;
     bool done = false;
-    philox rng{0};
-    draft_tree tree{1};
-    verify_result result;
-    detail::token_sink sink;
+    sequence_step<Proposer> seq;  // its step's state (its prompt rides in its first forward)
     decode_result out;
     std::string error;
     errc code = errc::internal;
     double accepted_recent = 0.0, tested_recent = 0.0;  // decayed counts
     std::chrono::steady_clock::time_point start;
-    std::vector<token_id> tokens;  // the segment: prompt rows (first step) + tree
-    std::vector<position_t> positions;
-    std::vector<std::uint64_t> mask;
-    std::vector<std::int32_t> logits_rows;
-    std::vector<std::int32_t> keep;
-  };
 
-  //! The node budget of a request: the proposer's `max_nodes()` capped by the request's
-  //! max_draft_nodes; without one, max_draft_nodes or `default_max_draft_nodes`.
-  [[nodiscard]] std::size_t node_budget(decode_config const& c) const {
-    std::size_t budget = c.max_draft_nodes.value_or(default_max_draft_nodes);
-    if constexpr (requires(Proposer const& p) {
-                    { p.max_nodes() } -> std::convertible_to<std::size_t>;
-                  })
-      budget = std::min<std::size_t>(proposer_->max_nodes(),
-                                     c.max_draft_nodes.value_or(max_tree_nodes - 1));
-    return std::min(budget, max_tree_nodes - 1);
-  }
+    //! Whether its next forward scores its prompt alone (its proposer reads the prompt's hidden
+    //! rows before its first draft).
+    [[nodiscard]] bool prefills_alone() const noexcept {
+      return sequence_step<Proposer>::prefills_alone && seq.prompt_rows() > 0;
+    }
+  };
 
   //! Admits waiting requests while slots are free (within max_batch and the prompt budget).
   void admit() {
@@ -519,7 +528,7 @@ class batch_decoder {
     r.out.tokens.clear();
     try {
       std::size_t const vocab = target_->vocab_size();
-      detail::check_prompt(r.prompt, vocab, target_->max_context(), "batch_decoder");
+      detail::check_prompt(r.prompt, vocab, target_->max_context(), who);
       r.config.validate(vocab);
       if (r.config.max_new_tokens == 0) {  // nothing to generate: no slot, no proposer
         r.out.reason = finish_reason::max_tokens;
@@ -527,16 +536,16 @@ class batch_decoder {
       }
       r.slot = target_->acquire_slot();
       r.has_slot = true;
-      r.capacity = std::min<std::size_t>(target_->max_context(), target_->cache(r.slot).capacity());
-      detail::check_prompt(r.prompt, vocab, r.capacity, "batch_decoder");
-      r.budget = node_budget(r.config);
-      std::size_t const room = r.capacity - r.prompt.size();
-      std::size_t const wanted = std::min(room, r.config.max_new_tokens) + std::min(room, r.budget);
+      std::size_t const capacity =
+          std::min<std::size_t>(target_->max_context(), target_->cache(r.slot).capacity());
+      detail::check_prompt(r.prompt, vocab, capacity, who);
+      std::size_t const budget = node_budget(*proposer_, r.config);
+      std::size_t const room = capacity - r.prompt.size();
+      std::size_t const wanted = std::min(room, r.config.max_new_tokens) + std::min(room, budget);
       if constexpr (requires(Model & m, std::size_t s, std::size_t n) { m.reserve(s, n); })
         target_->reserve(r.slot, r.prompt.size() + std::min(room, wanted));
-      if (r.tree.capacity() < r.budget + 1) r.tree.reserve(r.budget + 1);
-      r.sink.begin(r.config, r.prompt, r.out, &r.callbacks.on_token, r.budget);
-      r.rng = philox(r.config.seed, r.config.stream, 0);
+      r.seq.begin(r.prompt, r.config, budget, capacity, r.out, &r.callbacks.on_token, nullptr,
+                  target_hidden_layers(*proposer_));
       proposer_->begin(r.slot, r.prompt);
       r.proposer_started = true;
     } catch (...) {
@@ -547,83 +556,43 @@ class batch_decoder {
     return true;
   }
 
-  //! The segment of request `r`'s step: its tree (root at position base, the tree's mask), after
-  //! its prompt x_1..x_{t-1} on its first step (the tree rows see every prompt row).
-  batch_segment segment_of(request& r) {
-    draft_tree const& tree = r.tree;
-    std::size_t const n = tree.size();
-    std::size_t const base = r.sink.committed().size() - 1;
-    if (!r.first_step || base == 0) {
-      r.positions.resize(n);
-      for (std::size_t i = 0; i < n; ++i)
-        r.positions[i] = static_cast<position_t>(base) + tree.depth(static_cast<node_index>(i));
-      return {.slot = r.slot,
-              .tokens = tree.tokens(),
-              .positions = r.positions,
-              .mask = tree.mask(),
-              .mask_stride = tree.mask_stride()};
+  //! Concludes request `r`'s part of the step from segment `s` of `fwd`: keeps the hidden rows of
+  //! a prompt scored alone, or verifies and commits its draft (see the file comment).
+  void conclude(request& r, batch_forward_result const& fwd, std::size_t s) {
+    matrix_view<float const> hidden;
+    if constexpr (needs_target_hidden_v<Proposer>)
+      hidden = target_hidden_layers(*proposer_).empty() ? fwd.hidden(s) : fwd.layer_hidden(s);
+    if (r.prefills_alone()) {
+      r.seq.prefilled(hidden);
+      return;
     }
-    std::size_t const p = base;  // prompt rows
-    std::size_t const total = p + n;
-    std::size_t const stride = mask_words(total);
-    r.tokens.assign(r.prompt.begin(), r.prompt.begin() + static_cast<std::ptrdiff_t>(p));
-    r.tokens.insert(r.tokens.end(), tree.tokens().begin(), tree.tokens().end());
-    r.positions.resize(total);
-    r.mask.assign(total * stride, 0);
-    auto const set = [&](std::size_t row, std::size_t col) {
-      r.mask[row * stride + col / 64] |= std::uint64_t{1} << (col % 64);
-    };
-    for (std::size_t i = 0; i < p; ++i) {
-      r.positions[i] = static_cast<position_t>(i);
-      for (std::size_t j = 0; j <= i; ++j) set(i, j);
-    }
-    r.logits_rows.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      auto const node = static_cast<node_index>(i);
-      r.positions[p + i] = static_cast<position_t>(p) + tree.depth(node);
-      r.logits_rows[i] = static_cast<std::int32_t>(p + i);
-      for (std::size_t j = 0; j < p; ++j) set(p + i, j);
-      for (node_index a = node; a >= 0; a = a == 0 ? -1 : tree.parent(a))
-        set(p + i, p + static_cast<std::size_t>(a));
-    }
-    return {.slot = r.slot,
-            .tokens = r.tokens,
-            .positions = r.positions,
-            .mask = r.mask,
-            .mask_stride = stride,
-            .logits_rows = r.logits_rows};
-  }
-
-  //! Verifies and commits request `r` against its tree's logits rows (see the file comment).
-  void conclude(request& r, matrix_view<float const> rows) {
-    std::size_t const base = r.sink.committed().size() - 1;
-    step_stats step;
-    step.tree_size = r.tree.num_drafted();
-    step.tree_depth = static_cast<std::size_t>(r.tree.max_depth());
+    matrix_view<float const> const all = fwd.logits(s);
+    std::size_t const n = r.seq.tree().size();
+    matrix_view<float const> const rows = all.subrows(0, n);
     auto const t0 = std::chrono::steady_clock::now();
     try {
-      // The committed tokens were checked as they were committed (the prompt at admission, the
-      // rest by the verifier that produced them).
-      verifier_.verify(r.tree, rows, r.policy, token_history::checked(r.sink.committed()), r.rng,
-                       r.result);
-      SPECDEC_CHECK(r.result.tokens.size() == r.result.accepted_nodes.size() + 1, internal,
-                    "batch_decoder: the verifier returned ", r.result.tokens.size(), " tokens for ",
-                    r.result.accepted_nodes.size(), " accepted nodes");
+      r.seq.verify(verifier_, rows, r.policy, who);
     } catch (...) {
       fail(r, std::current_exception());
       return;
     }
     auto const t1 = std::chrono::steady_clock::now();
     r.out.stats.verify_seconds += std::chrono::duration<double>(t1 - t0).count();
-    r.first_step = false;
+    step_stats step;
     try {
-      commit(r, base, rows, step);
+      step = r.seq.commit(
+          target_->cache(r.slot), rows, hidden,
+          [&] {
+            if constexpr (has_auxiliary_tokens_v<Proposer>)
+              proposer_->observe(r.slot, rows, all.subrows(n, all.rows() - n), r.seq.result());
+            proposer_->accept(r.slot, r.seq.result());
+          },
+          who);
     } catch (...) {
       fail(r, std::current_exception());
       return;
     }
     r.out.stats.commit_seconds += detail::seconds_since(t1);
-    r.out.stats.add(step);
     stats_.drafted += step.tree_size;
     stats_.accepted += step.accepted;
     stats_.committed += step.emitted;
@@ -637,50 +606,7 @@ class batch_decoder {
       batch_accepted_ += static_cast<double>(step.accepted);
       batch_tested_ += static_cast<double>(tested);
     }
-    if (r.sink.done()) finish(r, r.out.reason);
-  }
-
-  //! The cache keeps the root and the accepted nodes, the proposer accepts, the tokens are
-  //! emitted through the stop checks (as `speculative_decoder::commit`).
-  void commit(request& r, std::size_t base, matrix_view<float const> rows, step_stats& step) {
-    auto& cache = target_->cache(r.slot);
-    std::size_t const n = r.tree.size();
-    std::size_t const m = r.result.num_accepted();
-    SPECDEC_CHECK(cache.size() == base + n, internal, "batch_decoder: the cache of slot ", r.slot,
-                  " holds ", cache.size(), " positions, expected ", base + n);
-    bool prefix_of_chain = true;
-    for (std::size_t i = 0; i < m; ++i) {
-      node_index const a = r.result.accepted_nodes[i];
-      SPECDEC_CHECK(a > 0 && static_cast<std::size_t>(a) < n &&
-                        r.tree.depth(a) == static_cast<std::int32_t>(i + 1) &&
-                        r.tree.parent(a) == (i == 0 ? 0 : r.result.accepted_nodes[i - 1]),
-                    internal,
-                    "batch_decoder: the verifier's accepted nodes are not a root-to-node path "
-                    "(entry ",
-                    i, " is node ", a, ")");
-      prefix_of_chain = prefix_of_chain && a == static_cast<node_index>(i + 1);
-    }
-    if (prefix_of_chain) {
-      cache.truncate(base + m + 1);
-    } else {
-      r.keep.clear();
-      r.keep.push_back(0);
-      r.keep.insert(r.keep.end(), r.result.accepted_nodes.begin(), r.result.accepted_nodes.end());
-      cache.keep_path(base, r.keep);
-    }
-    proposer_->accept(r.slot, r.result);
-    step.accepted = m;
-    std::size_t const emitted_before = r.sink.emitted();
-    std::size_t const step_index = r.out.stats.steps;
-    for (std::size_t i = 0; i < r.result.tokens.size(); ++i) {
-      node_index const parent = i == 0 ? 0 : r.result.accepted_nodes[i - 1];
-      detail::token_origin const origin{.step = step_index,
-                                        .depth = i + 1,
-                                        .drafted = i < m,
-                                        .logits = rows.row(static_cast<std::size_t>(parent))};
-      if (r.sink.emit(r.result.tokens[i], origin)) break;
-    }
-    step.emitted = r.sink.emitted() - emitted_before;
+    if (r.seq.done()) finish(r, r.out.reason);
   }
 
   //! Records the failure `e` of `r` (its message and code).
@@ -810,6 +736,7 @@ class batch_decoder {
   std::vector<speculation_request> spec_;
   std::vector<std::size_t> draft_;
   std::vector<batch_propose_item> items_;
+  std::vector<std::size_t> owners_;  // items_[k] is running_[owners_[k]]'s
   std::vector<batch_segment> segments_;
   batch_forward_result fwd_;
   batch_forward_result single_;

@@ -3,34 +3,15 @@
 //! `speculative_decoder`: the propose -> score -> verify -> commit loop of DESIGN.md section 1 for
 //! one sequence, generic over the target model, the proposer, the verifier and the sampling policy.
 //!
-//! One request (`generate`):
-//! 1. prefill: the target scores prompt tokens x_1..x_{t-1} in ONE batched forward (logits are
-//!    requested for the last row only; hidden rows only when the proposer needs them). The last
-//!    prompt token x_t is the root of the first draft tree, so the first generated token is
-//!    already speculated.
-//! 2. each step, with t committed tokens and the target cache holding t - 1 of them:
-//!    - propose: `proposer.propose(ctx, tree)` with `ctx.max_nodes` = min(the node budget, the
-//!      positions left in the context - 1, and for chain proposers the tokens still allowed by
-//!      max_new_tokens - 1). The node budget is the proposer's own (`proposer.max_nodes()`, the
-//!      most nodes its tree can hold under its configuration), capped by config.max_draft_nodes
-//!      when set; a proposer that declares no `max_nodes()` gets config.max_draft_nodes, or
-//!      `default_max_draft_nodes` when unset. The draft tree is sized for the budget;
-//!    - score: one target forward over the whole tree (tokens = tree tokens, positions =
-//!      t - 1 + depth, mask = the tree's ancestor mask), one logits row per node;
-//!    - verify: `verifier.verify(tree, logits, policy, committed, rng, result)`;
-//!    - commit: the cache keeps the root and the accepted nodes (`truncate` when they are the
-//!      first nodes of a chain, `keep_path` otherwise), `proposer.accept(result)`, then the
-//!      accepted tokens and the bonus token are emitted one by one through the stop checks.
-//!    An `auxiliary_proposer` (core/concepts.hpp) also appends auxiliary tokens after the tree
-//!    (`auxiliary(ctx, tree, aux)`, after propose): the forward scores [tree nodes, auxiliary
-//!    tokens] with the batch's mask (tree rows see only their ancestors), the verifier reads the
-//!    tree's rows only, `observe(tree_logits, aux_logits, result)` precedes `accept`, and the
-//!    commit drops the auxiliary KV entries with the rejected nodes.
+//! One request (`generate`): the target scores prompt tokens x_1..x_{t-1} in one forward (logits
+//! for the last row only; hidden rows only when the proposer reads them) and the proposer starts
+//! the sequence; x_t is the root of the first draft tree, so the first generated token is already
+//! speculated. Then, until a stop, the phases of `sequence_step` (decode/sequence.hpp, the one
+//! home of the step): the draft limit, propose (and the auxiliary tokens of an
+//! `auxiliary_proposer`), one target forward over the draft, verify, commit.
 //! A request with `max_new_tokens` = 0 returns at once, with no tokens and
 //! `finish_reason::max_tokens`: no prefill, no proposer call (the prompt is still checked).
-//! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0;
-//! proposers that sample draw from it first, then the verifier reads its words and advances it by
-//! the tree size, so a request is reproducible from its seed.
+//! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0.
 //!
 //! Where the target's rows live is the model's and the verifier's business, settled at compile
 //! time (`detail::step_result_t`): a model that can leave its logits on its device declares
@@ -46,11 +27,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
 
-#include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
@@ -64,6 +45,7 @@
 #include "specdec/core/views.hpp"
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/detail/phase_timer.hpp"
+#include "specdec/decode/sequence.hpp"
 
 namespace specdec {
 
@@ -141,11 +123,8 @@ class speculative_decoder {
         proposer_(&proposer),
         verifier_(std::move(verifier)),
         policy_(std::move(policy)),
-        config_(std::move(config)),
-        tree_(node_budget() + 1) {
+        config_(std::move(config)) {
     config_.validate(target.vocab_size());
-    positions_.reserve(node_budget() + 1);
-    keep_.reserve(node_budget() + 1);
   }
 
   //! Generates from `prompt` (every token < vocab, at least one, fitting the context), calling
@@ -182,258 +161,84 @@ class speculative_decoder {
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
 
  private:
+  static constexpr char const* who = "speculative_decoder";
+
+  // The phases of `sequence_step`, in order, each timed back to back.
   void run(std::span<token_id const> prompt, decode_result& out, token_callback const* on_token,
            request_observer const* observer) {
     auto const request_start = std::chrono::steady_clock::now();
     Model& target = *target_;
-    std::size_t const budget = node_budget();
-    std::size_t const capacity =
-        detail::start_request(target, prompt, config_, budget, "speculative_decoder");
-    if (tree_.capacity() < budget + 1) tree_.reserve(budget + 1);
-
-    out.stats = request_stats{};
-    out.stats.prompt_tokens = prompt.size();
-    sink_.begin(config_, prompt, out, on_token, budget, observer);
-    on_step_ = observer != nullptr && observer->on_step ? &observer->on_step : nullptr;
-    if (sink_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
+    std::size_t const budget = node_budget(*proposer_, config_);
+    std::size_t const capacity = detail::start_request(target, prompt, config_, budget, who);
+    step_.begin(prompt, config_, budget, capacity, out, on_token, observer,
+                target_hidden_layers(*proposer_));
+    auto const* on_step = observer != nullptr && observer->on_step ? &observer->on_step : nullptr;
+    if (step_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
       out.stats.total_seconds = detail::seconds_since(request_start);
       return;
     }
-    philox rng(config_.seed, config_.stream, 0);
 
     detail::phase_timer timer;
-    matrix_view<float const> hidden = prefill(prompt);
+    target.cache().truncate(0);
+    if (step_.prompt_rows() > 0) {
+      target.forward(step_.prefill_request(), prefill_);
+      step_.prefilled(hidden_rows(prefill_));
+    }
+    proposer_->begin(prompt);
     timer.lap(detail::phase::prefill);
-    while (!sink_.done()) {
-      std::span<token_id const> const committed = sink_.committed();
-      std::size_t const base = committed.size() - 1;  // positions in the target cache
-      SPECDEC_CHECK(target.cache().size() == base, internal,
-                    "speculative_decoder: the target cache", " holds ", target.cache().size(),
-                    " positions, expected ", base);
-      if (base >= capacity) {
-        sink_.context_full();
-        break;
-      }
-      step_stats step;
-      propose(committed, std::min(budget, capacity - base - 1), capacity, hidden, rng, step);
+    while (!step_.done()) {
+      std::optional<std::size_t> const limit = step_.draft_limit();
+      if (!limit) break;
+      propose_context const ctx = step_.context(*limit);
+      proposer_->propose(ctx, step_.tree());
+      if constexpr (has_auxiliary_tokens_v<Proposer>)
+        step_.auxiliary(
+            [&](auxiliary_batch& aux) { proposer_->auxiliary(ctx, step_.tree(), aux); });
+      step_.check_draft(*limit, who);
       timer.lap(detail::phase::propose);
-      score(base);
+      target.forward(step_.request(), fwd_);
       timer.lap(detail::phase::score);
-      verify(committed, rng);
+      step_.verify(verifier_, tree_logits(), policy_, who);
       timer.lap(detail::phase::verify);
-      if (on_step_ != nullptr)
-        (*on_step_)(step_event{.step = out.stats.steps, .tree = &tree_, .result = &result_});
-      hidden = commit(base, step, out.stats.steps);
+      if (on_step != nullptr)
+        (*on_step)(
+            step_event{.step = out.stats.steps, .tree = &step_.tree(), .result = &step_.result()});
+      (void)step_.commit(
+          target.cache(), host_rows(), hidden_rows(fwd_),
+          [&] {
+            if constexpr (has_auxiliary_tokens_v<Proposer>)
+              proposer_->observe(
+                  tree_logits(),
+                  fwd_.logits_view().subrows(step_.tree().size(), step_.aux().num_aux_logits()),
+                  step_.result());
+            proposer_->accept(step_.result());
+          },
+          who);
       timer.lap(detail::phase::commit);
-      out.stats.add(step);
     }
     timer.finish(out.stats, request_start);
   }
 
-  //! The most draft nodes (root excluded) a step scores: the proposer's node budget
-  //! (`max_nodes()`) capped by config.max_draft_nodes when set; for a proposer that declares no
-  //! budget, config.max_draft_nodes or `default_max_draft_nodes`. Below max_tree_nodes.
-  [[nodiscard]] std::size_t node_budget() const {
-    std::size_t budget = config_.max_draft_nodes.value_or(default_max_draft_nodes);
-    if constexpr (requires(Proposer const& p) {
-                    { p.max_nodes() } -> std::convertible_to<std::size_t>;
-                  })
-      budget = std::min<std::size_t>(proposer_->max_nodes(),
-                                     config_.max_draft_nodes.value_or(max_tree_nodes - 1));
-    return std::min(budget, max_tree_nodes - 1);
-  }
-
-  //! Prefill: the target scores prompt tokens x_1..x_{t-1} in one forward (logits for the last
-  //! row only; hidden rows when the proposer reads them); x_t is the first root. Then the proposer
-  //! starts the sequence. Returns the hidden rows the first `propose` sees.
-  matrix_view<float const> prefill(std::span<token_id const> prompt) {
-    target_->cache().truncate(0);
-    matrix_view<float const> hidden;
-    if (prompt.size() > 1) {
-      std::size_t const n = prompt.size() - 1;
-      positions_.resize(n);
-      for (std::size_t i = 0; i < n; ++i) positions_[i] = static_cast<position_t>(i);
-      std::int32_t const last_row = static_cast<std::int32_t>(n - 1);
-      forward_request req{.tokens = prompt.first(n),
-                          .positions = positions_,
-                          .logits_rows = std::span<std::int32_t const>(&last_row, 1)};
-      if constexpr (needs_target_hidden_v<Proposer>) request_hidden(req);
-      target_->forward(req, fwd_);
-      if constexpr (needs_target_hidden_v<Proposer>) hidden = hidden_rows();
-    }
-    proposer_->begin(prompt);
-    return hidden;
-  }
-
-  //! Propose: the proposer drafts `tree_` (root = the last committed token) with at most
-  //! `max_nodes` nodes, fewer for a chain than the tokens still allowed; an auxiliary proposer
-  //! then appends its tokens after the tree. Checks what came back.
-  void propose(std::span<token_id const> committed, std::size_t max_nodes, std::size_t capacity,
-               matrix_view<float const> hidden, philox& rng, step_stats& step) {
-    propose_context ctx;
-    ctx.tokens = committed;
-    ctx.target_hidden = hidden;
-    ctx.max_nodes = max_nodes;
-    // A chain deeper than the tokens still allowed cannot be used: a step emits at most its
-    // accepted drafts plus one. (A tree's node count is not its depth, so trees keep the bound.)
-    if constexpr (!produces_trees_v<Proposer>)
-      ctx.max_nodes = std::min(ctx.max_nodes, sink_.remaining() - 1);
-    ctx.rng = &rng;
-    proposer_->propose(ctx, tree_);
-    if constexpr (has_auxiliary_tokens_v<Proposer>) {
-      // Auxiliary tokens follow the tree in the same forward (room: the cache's free positions).
-      std::size_t const base = committed.size() - 1;
-      std::size_t const free = capacity - base;
-      std::size_t const room =
-          tree_.size() < free ? std::min(free - tree_.size(), max_tree_nodes) : 0;
-      aux_.reset(tree_, static_cast<position_t>(base), room, capacity);
-      proposer_->auxiliary(ctx, tree_, aux_);
-      aux_.finalize();
-      step.aux_tokens = aux_.num_aux();
-    }
-    SPECDEC_CHECK(!tree_.empty() && tree_.root() == committed.back(), invalid_argument,
-                  "speculative_decoder: the proposer's tree must have the last committed token ",
-                  committed.back(), " as its root");
-    SPECDEC_CHECK(tree_.num_drafted() <= ctx.max_nodes, invalid_argument,
-                  "speculative_decoder: the proposer drafted ", tree_.num_drafted(),
-                  " nodes, more than max_nodes = ", ctx.max_nodes);
-    step.tree_size = tree_.num_drafted();
-    step.tree_depth = static_cast<std::size_t>(tree_.max_depth());
-  }
-
-  //! Score: one target forward over the whole tree (positions base + depth, the tree's ancestor
-  //! mask), followed by the auxiliary tokens when there are any; one logits row per node.
-  void score(std::size_t base) {
-    std::size_t const n = tree_.size();
-    positions_.resize(n);
-    for (std::size_t i = 0; i < n; ++i)
-      positions_[i] = static_cast<position_t>(base) + tree_.depth(static_cast<node_index>(i));
-    forward_request req{.tokens = tree_.tokens(),
-                        .positions = positions_,
-                        .mask = tree_.mask(),
-                        .mask_stride = tree_.mask_stride()};
-    if constexpr (has_auxiliary_tokens_v<Proposer>) {
-      if (aux_.num_aux() > 0) {
-        req.tokens = aux_.tokens();
-        req.positions = aux_.positions();
-        req.mask = aux_.mask();
-        req.mask_stride = aux_.mask_stride();
-        req.logits_rows = aux_.logits_rows();
-      }
-    }
-    if constexpr (needs_target_hidden_v<Proposer>) request_hidden(req);
-    target_->forward(req, fwd_);
-  }
-
-  //! The layers whose residual streams the proposer reads (its `target_hidden_layers()`, e.g.
-  //! EAGLE-3's), or none: the final hidden state.
-  [[nodiscard]] std::span<std::int32_t const> hidden_layers() const {
-    if constexpr (requires(Proposer const& p) {
-                    {
-                      p.target_hidden_layers()
-                      } -> std::convertible_to<std::span<std::int32_t const>>;
-                  })
-      return proposer_->target_hidden_layers();
+  //! The hidden rows of a forward that the proposer reads ([n, width]; empty when it reads none).
+  template <class Result>
+  [[nodiscard]] matrix_view<float const> hidden_rows(Result const& r) const {
+    if constexpr (needs_target_hidden_v<Proposer>)
+      return target_hidden_layers(*proposer_).empty() ? r.hidden_view() : r.layer_hidden_view();
     else
       return {};
-  }
-
-  //! Asks `req` for the hidden rows the proposer reads: the final hidden state, or the residual
-  //! streams of its layers.
-  void request_hidden(forward_request& req) const {
-    req.hidden_layers = hidden_layers();
-    req.want_hidden = req.hidden_layers.empty();
-  }
-
-  //! The hidden rows of the last forward that the proposer reads ([n, width]).
-  [[nodiscard]] matrix_view<float const> hidden_rows() const {
-    return hidden_layers().empty() ? fwd_.hidden_view() : fwd_.layer_hidden_view();
   }
 
   //! The tree's logits rows (auxiliary rows follow them in the forward's result).
-  [[nodiscard]] auto tree_logits() const { return fwd_.logits_view().subrows(0, tree_.size()); }
+  [[nodiscard]] auto tree_logits() const {
+    return fwd_.logits_view().subrows(0, step_.tree().size());
+  }
 
-  //! The host row of the target that scored the children of `node`, for token events; empty when
-  //! the rows stay on the target's device.
-  [[nodiscard]] std::span<float const> origin_row(node_index node) const {
+  //! The tree's host rows, for token events; empty when the rows stay on the target's device.
+  [[nodiscard]] matrix_view<float const> host_rows() const {
     if constexpr (std::is_same_v<result_type, forward_result>)
-      return tree_logits().row(static_cast<std::size_t>(node));
+      return tree_logits();
     else
       return {};
-  }
-
-  //! Verify: the verifier walks the tree against its rows under the policy and writes the
-  //! accepted path and the bonus token into `result_`.
-  void verify(std::span<token_id const> committed, philox& rng) {
-    // The committed tokens were checked as they were committed (the prompt by check_prompt,
-    // the rest by the verifier that produced them).
-    verifier_.verify(tree_, tree_logits(), policy_, token_history::checked(committed), rng,
-                     result_);
-    SPECDEC_CHECK(result_.tokens.size() == result_.accepted_nodes.size() + 1, internal,
-                  "speculative_decoder: the verifier returned ", result_.tokens.size(),
-                  " tokens for ", result_.accepted_nodes.size(), " accepted nodes");
-  }
-
-  //! Commit: the target cache keeps the root and the accepted nodes (`truncate` when they are the
-  //! first nodes of a chain, `keep_path` otherwise), the proposer observes and accepts the
-  //! outcome, and the accepted tokens and the bonus are emitted one by one through the stop
-  //! checks (step `step_index`). Returns the hidden rows of the root and the accepted nodes (for
-  //! the next `propose`).
-  matrix_view<float const> commit(std::size_t base, step_stats& step, std::size_t step_index) {
-    std::size_t const n = tree_.size();
-    std::size_t const m = result_.num_accepted();
-    bool prefix_of_chain = true;
-    for (std::size_t i = 0; i < m; ++i) {
-      node_index const a = result_.accepted_nodes[i];
-      SPECDEC_CHECK(a > 0 && static_cast<std::size_t>(a) < n &&
-                        tree_.depth(a) == static_cast<std::int32_t>(i + 1) &&
-                        tree_.parent(a) == (i == 0 ? 0 : result_.accepted_nodes[i - 1]),
-                    internal,
-                    "speculative_decoder: the verifier's accepted nodes are not a "
-                    "root-to-node path (entry ",
-                    i, " is node ", a, ")");
-      prefix_of_chain = prefix_of_chain && a == static_cast<node_index>(i + 1);
-    }
-    if (prefix_of_chain) {
-      target_->cache().truncate(base + m + 1);
-    } else {
-      keep_.clear();
-      keep_.push_back(0);
-      keep_.insert(keep_.end(), result_.accepted_nodes.begin(), result_.accepted_nodes.end());
-      target_->cache().keep_path(base, keep_);
-    }
-    matrix_view<float const> hidden;
-    if constexpr (needs_target_hidden_v<Proposer>) hidden = gather_hidden();
-    if constexpr (has_auxiliary_tokens_v<Proposer>)
-      proposer_->observe(tree_logits(), fwd_.logits_view().subrows(n, aux_.num_aux_logits()),
-                         result_);
-    proposer_->accept(result_);
-    step.accepted = m;
-    std::size_t const emitted_before = sink_.emitted();
-    for (std::size_t i = 0; i < result_.tokens.size(); ++i) {
-      // Token i was scored by the row of its parent: the root, then the accepted nodes.
-      node_index const parent = i == 0 ? 0 : result_.accepted_nodes[i - 1];
-      detail::token_origin const origin{
-          .step = step_index, .depth = i + 1, .drafted = i < m, .logits = origin_row(parent)};
-      if (sink_.emit(result_.tokens[i], origin)) break;
-    }
-    step.emitted = sink_.emitted() - emitted_before;
-    return hidden;
-  }
-
-  //! Copies the hidden rows of the root and the accepted nodes, in order, into `hidden_`.
-  matrix_view<float const> gather_hidden() {
-    matrix_view<float const> const all = hidden_rows();
-    if (all.empty()) return {};
-    std::size_t const h = all.cols();
-    std::size_t const rows = result_.num_accepted() + 1;
-    hidden_.resize(rows * h);
-    for (std::size_t r = 0; r < rows; ++r) {
-      std::size_t const node = r == 0 ? 0 : static_cast<std::size_t>(result_.accepted_nodes[r - 1]);
-      std::span<float const> const src = all.at_row(node);
-      std::copy(src.begin(), src.end(), hidden_.begin() + static_cast<std::ptrdiff_t>(r * h));
-    }
-    return matrix_view<float const>(hidden_.data(), rows, h);
   }
 
   Model* target_;
@@ -441,15 +246,9 @@ class speculative_decoder {
   Verifier verifier_;
   Policy policy_;
   decode_config config_;
-  draft_tree tree_;
+  sequence_step<Proposer> step_;
   result_type fwd_;
-  verify_result result_;
-  detail::token_sink sink_;
-  std::function<void(step_event const&)> const* on_step_ = nullptr;  //!< this request's observer
-  std::vector<position_t> positions_;
-  std::vector<std::int32_t> keep_;
-  std::vector<float> hidden_;
-  auxiliary_batch aux_;  //!< tree + auxiliary tokens (auxiliary_proposer only)
+  forward_result prefill_;
 };
 
 }  // namespace specdec

@@ -4,7 +4,11 @@
 //! each made by a factory when its request starts. What proposers without a model need in a batch:
 //! prompt lookup (each request indexes its own text), REST (each request's proposer holds a
 //! `shared_ptr` to the one read-only datastore, which it only reads, so any number of them share
-//! it safely), Jacobi. Each request's drafts are exactly those of its proposer alone.
+//! it safely), Jacobi and lookahead (their auxiliary tokens and observations are forwarded), and
+//! learned heads (Medusa, Hydra, EAGLE: the hidden rows each request's proposer reads are that
+//! request's; a proposer whose head runner keeps per-sequence state, as EAGLE's KV cache, gets a
+//! runner of its own per request, see `owning_proposer`). Each request's drafts are exactly those
+//! of its proposer alone.
 
 #include <concepts>
 #include <cstddef>
@@ -17,30 +21,31 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/concepts.hpp"
+#include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
+#include "specdec/core/views.hpp"
 
 namespace specdec {
 
 //! One `Proposer` per request (see the file comment). Its capabilities are `Proposer`'s.
-//! \tparam Proposer a `proposer` without auxiliary tokens or target hidden states.
+//! \tparam Proposer a `proposer`.
 template <proposer Proposer>
 class per_request_proposer {
-  static_assert(!has_auxiliary_tokens_v<Proposer> && !needs_target_hidden_v<Proposer>,
-                "per_request_proposer: proposers that add auxiliary tokens or read the target's "
-                "hidden states are not supported in a batch");
-
   static constexpr bool has_max_nodes = requires(Proposer const& p) {
     { p.max_nodes() } -> std::convertible_to<std::size_t>;
   };
 
  public:
-  static constexpr bool produces_trees = produces_trees_v<Proposer>;  //!< as Proposer
-  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;  //!< as Proposer
+  static constexpr bool produces_trees = produces_trees_v<Proposer>;              //!< as Proposer
+  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;              //!< as Proposer
+  static constexpr bool needs_target_hidden = needs_target_hidden_v<Proposer>;    //!< as Proposer
+  static constexpr bool has_auxiliary_tokens = has_auxiliary_tokens_v<Proposer>;  //!< as Proposer
 
   //! Makes the proposer of a request from its prompt.
   using factory = std::function<Proposer(std::span<token_id const> prompt)>;
@@ -58,7 +63,12 @@ class per_request_proposer {
       make_ = std::move(make);
     else
       make_ = [m = std::move(make)](std::span<token_id const>) mutable { return m(); };
-    if constexpr (has_max_nodes) max_nodes_ = make_({}).max_nodes();
+    if constexpr (has_max_nodes || needs_target_hidden) {
+      Proposer const probe = make_({});
+      if constexpr (has_max_nodes) max_nodes_ = probe.max_nodes();
+      std::span<std::int32_t const> const layers = specdec::target_hidden_layers(probe);
+      layers_.assign(layers.begin(), layers.end());
+    }
   }
 
   //! Starts the request in `slot` with a new proposer.
@@ -79,8 +89,28 @@ class per_request_proposer {
     }
   }
 
+  //! The request in `slot`'s proposer appends its auxiliary tokens (`auxiliary_proposer`).
+  void auxiliary(std::size_t slot, propose_context const& ctx, draft_tree const& tree,
+                 auxiliary_batch& aux) requires has_auxiliary_tokens {
+    at(slot).auxiliary(ctx, tree, aux);
+  }
+  //! The request in `slot`'s proposer observes its step's rows (`auxiliary_proposer`).
+  void observe(std::size_t slot, matrix_view<float const> tree_logits,
+               matrix_view<float const> aux_logits,
+               verify_result const& result) requires has_auxiliary_tokens {
+    at(slot).observe(tree_logits, aux_logits, result);
+  }
+
   //! The request in `slot` accepts its step's outcome.
   void accept(std::size_t slot, verify_result const& result) { at(slot).accept(result); }
+
+  //! The target layers whose residual streams every request's proposer reads (`Proposer`'s
+  //! `target_hidden_layers()`, read from a proposer made at construction; empty: the final hidden
+  //! state).
+  [[nodiscard]] std::span<std::int32_t const> target_hidden_layers() const noexcept requires
+      needs_target_hidden {
+    return layers_;
+  }
 
   //! Drops the request in `slot`'s proposer.
   void end(std::size_t slot) {
@@ -101,6 +131,7 @@ class per_request_proposer {
  private:
   factory make_;
   std::size_t max_nodes_ = 0;
+  std::vector<std::int32_t> layers_;                // target_hidden_layers()
   std::vector<std::optional<Proposer>> proposers_;  // [slot]
 };
 

@@ -130,7 +130,7 @@ class cpu_batched_llama {
       SPECDEC_CHECK(slots_.in_use(seg.slot), invalid_argument,
                     "cpu_batched_llama::forward: ", "segment ", s, " names slot ", seg.slot,
                     ", which is not in use");
-      segments_.push_back({&sequences_[seg.slot], seg.request(req.want_hidden)});
+      segments_.push_back({&sequences_[seg.slot], req.request(s)});
     }
     model_.forward(std::span<cpu_llama_segment const>(segments_), out.rows);
     out.set_offsets(req);

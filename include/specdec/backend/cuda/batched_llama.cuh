@@ -118,7 +118,7 @@ class cuda_batched_llama {
       SPECDEC_CHECK(slots_.in_use(seg.slot), invalid_argument,
                     "cuda_batched_llama::forward: ", "segment ", s, " names slot ", seg.slot,
                     ", which is not in use");
-      segments_.push_back({caches_[seg.slot].get(), seg.request(req.want_hidden)});
+      segments_.push_back({caches_[seg.slot].get(), req.request(s)});
     }
     model_.forward(std::span<cuda_llama_segment const>(segments_), out.rows);
     out.set_offsets(req);
