@@ -135,4 +135,63 @@ class per_request_proposer {
   std::vector<std::optional<Proposer>> proposers_;  // [slot]
 };
 
+//! A proposer with the runner it drives, owned together: what a `per_request_proposer` factory
+//! returns when each request needs a runner of its own (an EAGLE head runner keeps its
+//! sequence's KV cache). The runner lives on the heap, so the proposer's reference to it survives
+//! moves. Forwards every member of `Proposer` and its capabilities.
+//! \tparam Runner   the runner type (e.g. `cpu_eagle_head`).
+//! \tparam Proposer a `proposer` made from a `Runner&` (e.g. `eagle_proposer<cpu_eagle_head>`).
+template <class Runner, proposer Proposer>
+class owning_proposer {
+ public:
+  static constexpr bool produces_trees = produces_trees_v<Proposer>;              //!< as Proposer
+  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;              //!< as Proposer
+  static constexpr bool needs_target_hidden = needs_target_hidden_v<Proposer>;    //!< as Proposer
+  static constexpr bool has_auxiliary_tokens = has_auxiliary_tokens_v<Proposer>;  //!< as Proposer
+
+  //! Owns `runner` (not null) and the proposer `make(*runner)`. Throws `errc::invalid_argument`
+  //! for a null runner.
+  template <class Make>
+  requires std::is_invocable_r_v<Proposer, Make&, Runner&> owning_proposer(
+      std::unique_ptr<Runner> runner, Make make)
+      : runner_(checked(std::move(runner))), proposer_(make(*runner_)) {}
+
+  void begin(std::span<token_id const> prompt) { proposer_.begin(prompt); }  //!< as Proposer
+  void propose(propose_context const& ctx, draft_tree& tree) {               //!< as Proposer
+    proposer_.propose(ctx, tree);
+  }
+  void accept(verify_result const& result) { proposer_.accept(result); }  //!< as Proposer
+  //! As Proposer (auxiliary proposers).
+  void auxiliary(propose_context const& ctx, draft_tree const& tree,
+                 auxiliary_batch& aux) requires has_auxiliary_tokens {
+    proposer_.auxiliary(ctx, tree, aux);
+  }
+  //! As Proposer (auxiliary proposers).
+  void observe(matrix_view<float const> tree_logits, matrix_view<float const> aux_logits,
+               verify_result const& result) requires has_auxiliary_tokens {
+    proposer_.observe(tree_logits, aux_logits, result);
+  }
+  //! As Proposer, when it declares one.
+  [[nodiscard]] std::size_t max_nodes() const requires requires(Proposer const& p) {
+    { p.max_nodes() } -> std::convertible_to<std::size_t>;
+  }
+  { return proposer_.max_nodes(); }
+  //! As Proposer (its `target_hidden_layers()`, or none).
+  [[nodiscard]] std::span<std::int32_t const> target_hidden_layers() const {
+    return specdec::target_hidden_layers(proposer_);
+  }
+
+  [[nodiscard]] Proposer& get() noexcept { return proposer_; }  //!< the proposer
+  [[nodiscard]] Runner& runner() noexcept { return *runner_; }  //!< its runner
+
+ private:
+  static std::unique_ptr<Runner> checked(std::unique_ptr<Runner> r) {
+    SPECDEC_CHECK(r != nullptr, invalid_argument, "owning_proposer: null runner");
+    return r;
+  }
+
+  std::unique_ptr<Runner> runner_;
+  Proposer proposer_;
+};
+
 }  // namespace specdec
