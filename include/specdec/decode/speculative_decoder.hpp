@@ -140,7 +140,7 @@ class speculative_decoder {
   //! then per step `propose`, `score`, `verify` and `commit`, each phase timed back to back.
   void generate(std::span<token_id const> prompt, decode_result& out,
                 token_callback const& on_token = {}) {
-    run(prompt, out, &on_token, nullptr);
+    run(prompt, config_, policy_, out, &on_token, nullptr);
   }
 
   //! As above, reporting each emitted token with its origin (step, depth, drafted or bonus, the
@@ -148,7 +148,16 @@ class speculative_decoder {
   //! before the commit) to `observer`.
   void generate(std::span<token_id const> prompt, decode_result& out,
                 request_observer const& observer) {
-    run(prompt, out, nullptr, &observer);
+    run(prompt, config_, policy_, out, nullptr, &observer);
+  }
+
+  //! One request with settings of its own: `config` (seed and stream, max_new_tokens, stops, node
+  //! cap) and `policy` stand for the decoder's for this call only, so that one decoder (per
+  //! worker) serves requests of any seeds and sampling parameters, one at a time. Throws as the
+  //! other overloads, and `errc::invalid_argument` for a configuration that cannot work.
+  void generate(std::span<token_id const> prompt, decode_config const& config, Policy const& policy,
+                decode_result& out, token_callback const& on_token = {}) {
+    run(prompt, config, policy, out, &on_token, nullptr);
   }
 
   //! The configuration (changes apply from the next request).
@@ -164,13 +173,13 @@ class speculative_decoder {
   static constexpr char const* who = "speculative_decoder";
 
   // The phases of `sequence_step`, in order, each timed back to back.
-  void run(std::span<token_id const> prompt, decode_result& out, token_callback const* on_token,
-           request_observer const* observer) {
+  void run(std::span<token_id const> prompt, decode_config const& config, Policy const& policy,
+           decode_result& out, token_callback const* on_token, request_observer const* observer) {
     auto const request_start = std::chrono::steady_clock::now();
     Model& target = *target_;
-    std::size_t const budget = node_budget(*proposer_, config_);
-    std::size_t const capacity = detail::start_request(target, prompt, config_, budget, who);
-    step_.begin(prompt, config_, budget, capacity, out, on_token, observer,
+    std::size_t const budget = node_budget(*proposer_, config);
+    std::size_t const capacity = detail::start_request(target, prompt, config, budget, who);
+    step_.begin(prompt, config, budget, capacity, out, on_token, observer,
                 target_hidden_layers(*proposer_));
     auto const* on_step = observer != nullptr && observer->on_step ? &observer->on_step : nullptr;
     if (step_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
@@ -198,7 +207,7 @@ class speculative_decoder {
       timer.lap(detail::phase::propose);
       target.forward(step_.request(), fwd_);
       timer.lap(detail::phase::score);
-      step_.verify(verifier_, tree_logits(), policy_, who);
+      step_.verify(verifier_, tree_logits(), policy, who);
       timer.lap(detail::phase::verify);
       if (on_step != nullptr)
         (*on_step)(

@@ -1,4 +1,6 @@
-// Every strategy served by `batch_decoder` as it is decoded alone: for Medusa, Hydra, EAGLE-1,
+// Serving many requests. One `speculative_decoder` serves requests with their own seeds, policies
+// and limits, each as a decoder built for it would. Every strategy served by `batch_decoder` as
+// it is decoded alone: for Medusa, Hydra, EAGLE-1,
 // EAGLE-3 (proposers that read the target's hidden rows), lookahead and Jacobi (auxiliary tokens)
 // and layer-skip self-speculation, each request of a batch (more requests than slots, so they
 // join and leave) emits exactly the tokens `speculative_decoder` emits for it alone on the
@@ -161,4 +163,34 @@ TEST_CASE("owning_proposer refuses a null runner") {
       owned_eagle(nullptr,
                   [](sd::cpu_eagle_head& h) { return cpu_eagle(h, sd::eagle_tree_config{}); }),
       doctest::Contains("owning_proposer: null runner"), sd::error);
+}
+
+TEST_CASE("speculative_decoder: one decoder serves requests with their own settings") {
+  sd::cpu_llama target(fixture::stories260k(), {.threads = 1});
+  sd::lookahead_proposer proposer({.window = 4, .ngram = 3, .guesses = 4});
+  sd::speculative_decoder shared(target, proposer, sd::tree_verifier{}, policy_of(0.0f));
+  for (bool const sampled : {true, false}) {
+    for (job const& j : jobs_of(sampled)) {
+      CAPTURE(j.config.seed);
+      sd::cpu_llama own_target(fixture::stories260k(), {.threads = 1});
+      sd::lookahead_proposer own_proposer({.window = 4, .ngram = 3, .guesses = 4});
+      sd::speculative_decoder own(own_target, own_proposer, sd::tree_verifier{}, j.policy,
+                                  j.config);
+      sd::decode_result const want = own.generate(j.prompt);
+      sd::decode_result got;
+      std::vector<sd::token_id> streamed;
+      shared.generate(j.prompt, j.config, j.policy, got, [&](sd::token_id t) {
+        streamed.push_back(t);
+        return true;
+      });
+      CHECK(got.tokens == want.tokens);
+      CHECK(streamed == want.tokens);
+      CHECK(got.reason == want.reason);
+    }
+  }
+  sd::decode_config bad;
+  bad.eos_tokens = {100000};
+  sd::decode_result out;
+  CHECK_THROWS_WITH_AS(shared.generate(fixture::encoded_prompts()[0], bad, policy_of(0.0f), out),
+                       doctest::Contains("eos_tokens[0]"), sd::error);
 }
