@@ -35,6 +35,7 @@
 #include "generate/report.hpp"
 #include "generate/strategies.hpp"
 #include "specdec/backend/cpu/llama.hpp"
+#include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
@@ -304,6 +305,17 @@ int run(command_line const& cmd) {
                  "specdec-generate: warning: --context %zu is beyond the %zu positions the model "
                  "was trained on; its output past them may degrade\n",
                  context, trained);
+  // More threads than cores only take turns on them (the pool then sleeps rather than spins, but
+  // every fork-join step still waits for the slowest of its threads).
+  for (option_spec const* spec : {&opt::threads, &opt::draft_threads}) {
+    std::size_t const cores = sd::available_cores();
+    if (v.given(*spec) && v.count(*spec) > cores)
+      std::fprintf(stderr,
+                   "specdec-generate: warning: %s %llu exceeds the %zu cores available; the "
+                   "threads will take turns on them, slower than %zu threads\n",
+                   std::string(spec->flag).c_str(), static_cast<unsigned long long>(v.count(*spec)),
+                   cores, cores);
+  }
 
   sd::sampling_params params;
   params.temperature = v.real(opt::temperature);
@@ -333,7 +345,7 @@ int run(command_line const& cmd) {
   if (v.given(opt::prompts)) {  // many prompts as concurrent requests (generate/batch.hpp)
     if (device == device_kind::cuda)
       throw usage_error("--prompts serves its requests on the CPU backend; drop --device cuda");
-    return run_batch({v, chosen, weights, tok, model_options, params, config, typical});
+    return run_batch({v, chosen, weights, tok, model_options, params, config, typical, access});
   }
 
   auto const prompt_file = v.text(opt::prompt_file);

@@ -117,6 +117,45 @@ TEST_CASE("generate --prompts: each request equals its prompt run alone, greedy 
   CHECK(str(s.total.at("verifier")) == "tree (point masses)");
 }
 
+// Every strategy serves --prompts: the heads' and EAGLE's proposers read the target's hidden
+// rows, lookahead's and Jacobi's add auxiliary tokens, layer-skip drafts with its own instance per
+// request; each request's greedy output equals its prompt run alone with the same strategy.
+TEST_CASE("generate --prompts: every strategy serves a batch as it runs alone") {
+  std::string const file = prompts_file(3);
+  std::vector<std::string> const prompts = prompts_of(file);
+  auto const dir = [](char const* config) {
+    return test_support::source_file(config).parent_path().string();
+  };
+  std::vector<std::vector<std::string>> const strategies = {
+      {"--strategy", "medusa", "--heads", dir("tools/heads/medusa/config.json")},
+      {"--strategy", "hydra", "--heads", dir("tools/heads/hydra/config.json")},
+      {"--strategy", "eagle", "--eagle", dir("tools/eagle/eagle3/config.json")},
+      {"--strategy", "eagle", "--eagle", dir("tools/eagle/eagle1/config.json"), "--tree-nodes",
+       "12"},
+      {"--strategy", "lookahead"},
+      {"--strategy", "jacobi"},
+      {"--strategy", "layer-skip", "--skip-layers", "2"},
+      {"--strategy", "draft", "--draft",
+       test_support::source_file("tools/draft/stories_draft.bin").string()}};
+  for (auto const& strategy : strategies) {
+    CAPTURE(strategy[1]);
+    std::vector<std::string> args = {"--prompts", file, "--batch", "2", "-n", "24"};
+    args.insert(args.end(), strategy.begin(), strategy.end());
+    batch_output const b = batch_json(args);
+    REQUIRE(b.requests.size() == 3);
+    CHECK(num(b.total.at("failed")) == 0);
+    CHECK(num(b.total.at("drafted")) > 0);
+    for (std::int64_t line = 1; line <= 3; ++line) {
+      CAPTURE(line);
+      std::vector<std::string> one = {"--prompt", prompts[static_cast<std::size_t>(line - 1)], "-n",
+                                      "24"};
+      one.insert(one.end(), strategy.begin(), strategy.end());
+      json const alone = gen_json(one);
+      CHECK(tokens_of(b.requests.at(line)) == tokens_of(alone));
+    }
+  }
+}
+
 TEST_CASE("generate --prompts: adaptive speculation and REST keep greedy outputs") {
   std::string const file = prompts_file(4);
   std::vector<std::string> const prompts = prompts_of(file);
@@ -255,8 +294,6 @@ TEST_CASE("generate --prompts: command-line and file errors") {
   check_error({"--prompts", file, "--batch", "0"}, 2, "--batch");
   for (std::string const flag : {"--compare", "--stream-json"})
     check_error({"--prompts", file, flag}, 2, flag + " does not apply to --prompts");
-  check_error({"--prompts", file, "--strategy", "jacobi"}, 2,
-              "--strategy jacobi cannot serve --prompts");
   check_error({"--prompts", "/nonexistent/p.jsonl"}, 2, "--prompts: no such file");
   fs::path const bad = tools_test::scratch_dir() / "prompts_bad.jsonl";
   tools_test::write_file(bad, "{\"prompt\": \"ok\"}\n{\"prompt\": 3}\n");
@@ -268,6 +305,24 @@ TEST_CASE("generate --prompts: command-line and file errors") {
   process_result const help = tools_test::run_process(program(), {"--help"});
   for (char const* flag : {"--prompts", "--batch", "--speculate"})
     CHECK(help.out.find(flag) != std::string::npos);
+}
+
+// A NUL byte would end a line for the JSON parser, which would ignore what follows it: refused,
+// naming the line (as a strict parser refuses it).
+TEST_CASE("generate: a --prompts line holding a NUL byte is refused") {
+  fs::path const path = tools_test::scratch_dir() / "nul.jsonl";
+  std::string const nul(1, '\0');
+  tools_test::write_file(
+      path, "{\"prompt\": \"Once\"}\n{\"prompt\": \"upon\"}" + nul + "{\"prompt\": \"a time\"}\n");
+  try {
+    (void)generate::read_prompts(path);
+    FAIL("a line with a NUL byte was read");
+  } catch (specdec::error const& e) {
+    CHECK(e.code() == specdec::errc::bad_file);
+    CHECK(std::string(e.what()).find("line 2 holds a NUL byte at column 19") != std::string::npos);
+  }
+  tools_test::write_file(path, "{\"prompt\": \"Once\"}" + nul + "\n");
+  CHECK_THROWS_AS((void)generate::read_prompts(path), specdec::error);
 }
 
 TEST_CASE("corrupted --prompts files are refused or read" * doctest::skip()) {

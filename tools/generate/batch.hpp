@@ -45,13 +45,14 @@ namespace generate {
 //! What batched serving runs with (read by specdec-generate.cpp from the command line).
 struct batch_session {
   option_values const& values;                       //!< every option given
-  strategy const& chosen;                            //!< the strategy (one of batch_strategies)
+  strategy const& chosen;                            //!< the strategy
   std::shared_ptr<sd::llama_weights const> weights;  //!< the target's weights
   sd::tokenizer const& tok;                          //!< the vocabulary
   sd::cpu_llama_options model_options;               //!< threads and context
   sd::sampling_params params;                        //!< every request's sampling parameters
   sd::decode_config config;  //!< stops and length; its seed is the base of the requests' seeds
   std::optional<sd::typical_acceptance_params> typical;  //!< --verifier typical
+  sd::file_access access = sd::file_access::map;         //!< how every file is read (--no-mmap)
 };
 
 //! Drafts nothing: every request decodes autoregressively.
@@ -366,8 +367,8 @@ inline int run_batch(batch_session const& s) {
   if (s.chosen.name == "draft") {
     // One draft model serves every request from its own slots (one draft forward per draft
     // position for the whole batch).
-    auto const draft_weights =
-        std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::draft_model)));
+    auto const draft_weights = std::make_shared<sd::llama_weights const>(
+        sd::load_model(*v.text(opt::draft_model), s.access));
     sd::cpu_llama_options options = s.model_options;
     if (v.given(opt::draft_threads)) {
       options.threads = static_cast<std::size_t>(v.count(opt::draft_threads));
@@ -401,6 +402,98 @@ inline int run_batch(batch_session const& s) {
     };
     if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
     return with_mode.template operator()<sd::draft_mode::sample>();
+  }
+  // The other strategies: one single-sequence proposer per request (per_request_proposer),
+  // built as a single run builds it (strategies.hpp), so that each request drafts as it would
+  // alone.
+  if (s.chosen.name == "lookahead") {
+    sd::lookahead_config const c = lookahead_config_of(v);
+    sd::per_request_proposer<sd::lookahead_proposer> proposer(
+        [c] { return sd::lookahead_proposer(c); });
+    return with_verifier(proposer, "lookahead per request, " + lookahead_description(c));
+  }
+  if (s.chosen.name == "jacobi") {
+    sd::jacobi_config const c = jacobi_config_of(v);
+    sd::per_request_proposer<sd::jacobi_proposer> proposer([c] { return sd::jacobi_proposer(c); });
+    return serve(s, prompts, encoded, refused, proposer, sd::greedy_verifier{},
+                 sd::fixed_speculation{}, "Jacobi per request, k = " + std::to_string(c.block),
+                 "greedy");
+  }
+  if (s.chosen.name == "layer-skip") {
+    // Each request drafts with its own layer-skipped instance of the target (same weights, a
+    // cache of its own).
+    std::vector<std::int32_t> const layers = skip_layers_of(v, s.weights->config.n_layers);
+    sd::draft_model_config const chain = chain_config(v);
+    std::string const description = layer_skip_description(layers, chain) + ", per request";
+    auto const with_mode = [&]<sd::draft_mode M>() {
+      using proposer_type = sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, M>;
+      sd::per_request_proposer<proposer_type> proposer([&] {
+        return proposer_type({.skip_layers = layers, .draft = chain}, sd::sampler(s.params),
+                             s.weights, s.model_options);
+      });
+      if (s.typical)
+        return serve(s, prompts, encoded, refused, proposer,
+                     sd::typical_acceptance_verifier(*s.typical), sd::fixed_speculation{},
+                     description, "typical acceptance (lossy)");
+      if (adaptive)
+        return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
+                     sd::adaptive_speculation{}, description, chain_verifier_name<M>);
+      return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
+                   sd::fixed_speculation{}, description, chain_verifier_name<M>);
+    };
+    if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
+    return with_mode.template operator()<sd::draft_mode::sample>();
+  }
+  if (s.chosen.name == "medusa" || s.chosen.name == "hydra") {
+    // One runner of the heads, shared by the requests' proposers in turn (it keeps no sequence
+    // state); the tree is chosen once, as a single run chooses it (with a single-sequence instance
+    // of the target for the measured accuracies).
+    lm single = make_lm(device_kind::cpu, sd::weight_dtype::f32, s.weights, s.model_options);
+    session one{v,      s.weights, single,    s.model_options, {}, s.config, sd::sampler(s.params),
+                greedy, {},        s.typical, s.access};
+    std::filesystem::path const dir = heads_directory(v);
+    std::string tree_text;
+    // `make(runner, tree)` builds one request's proposer.
+    auto const with_heads = [&](auto& runner, auto measure, std::string const& name, auto make) {
+      sd::sparse_tree const tree = heads_tree(one, runner, dir, measure, tree_text);
+      std::string const description = name + ", " + std::to_string(runner.num_heads()) +
+                                      " heads, " + tree_text + ", per request";
+      using proposer_type = decltype(make(runner, tree));
+      sd::per_request_proposer<proposer_type> proposer(
+          [&runner, &tree, make] { return make(runner, tree); });
+      return with_verifier(proposer, description);
+    };
+    if (s.chosen.name == "medusa") {
+      sd::cpu_medusa_heads runner(std::make_shared<sd::medusa_weights const>(
+                                      sd::load_medusa_heads(dir, s.weights->config, s.access)),
+                                  {.threads = s.model_options.threads});
+      return with_heads(runner, sd::measure_medusa_accuracy<sd::cpu_medusa_heads>, "Medusa",
+                        [](sd::cpu_medusa_heads& r, sd::sparse_tree const& t) {
+                          return sd::medusa_proposer<sd::cpu_medusa_heads>(r, t);
+                        });
+    }
+    sd::cpu_hydra_heads runner(std::make_shared<sd::hydra_weights const>(
+                                   sd::load_hydra_heads(dir, s.weights->config, s.access)),
+                               s.weights, {.threads = s.model_options.threads});
+    return with_heads(runner, sd::measure_hydra_accuracy<sd::cpu_hydra_heads>, "Hydra",
+                      [](sd::cpu_hydra_heads& r, sd::sparse_tree const& t) {
+                        return sd::hydra_proposer<sd::cpu_hydra_heads>(r, t);
+                      });
+  }
+  if (s.chosen.name == "eagle") {
+    // Each request's proposer owns a runner of the one head (the runner keeps the request's head
+    // cache).
+    auto const head = load_eagle(v, s.weights, s.access);
+    eagle_drafting const drafting = eagle_drafting_of(v, *head);
+    using proposer_type =
+        sd::owning_proposer<sd::cpu_eagle_head, sd::eagle_proposer<sd::cpu_eagle_head>>;
+    sd::cpu_eagle_options const options{
+        .threads = s.model_options.threads, .pool = s.model_options.pool, .max_context = context};
+    sd::per_request_proposer<proposer_type> proposer([&] {
+      return proposer_type(std::make_unique<sd::cpu_eagle_head>(head, options),
+                           [&](sd::cpu_eagle_head& h) { return drafting.make(h); });
+    });
+    return with_verifier(proposer, drafting.description + ", per request");
   }
   throw usage_error("--strategy " + std::string(s.chosen.name) + " cannot serve --prompts");
 }

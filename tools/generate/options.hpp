@@ -83,11 +83,8 @@ inline constexpr option_spec dtype{
         "the models' matrices on the device: 'f32', 'f16' or 'bf16' (products accumulate in "
         "f32; f16 and bf16 need --device cuda)",
     .default_text = "f32"};
-inline constexpr option_spec no_mmap{
-    .flag = "--no-mmap",
-    .help =
-        "read the model files into memory instead of mapping them (a mapped file must not "
-        "change while in use: truncating it kills the process with SIGBUS)"};
+// --no-mmap (`no_mmap`) is declared with the strategies (generate/strategies.hpp), which read
+// their head and datastore files as it says.
 inline constexpr option_spec strategy{.flag = "--strategy",
                                       .value_name = "NAME",
                                       .kind = value_kind::text,
@@ -291,11 +288,6 @@ inline constexpr option_spec speculate{
 
 }  // namespace opt
 
-//! The strategies that can serve --prompts (batched serving): those whose proposers work per
-//! request or batched, without auxiliary tokens or target hidden states.
-inline constexpr std::string_view batch_strategies[] = {"autoregressive", "draft", "prompt-lookup",
-                                                        "rest"};
-
 //! A titled group of general options, as --help shows them.
 struct option_group {
   std::string_view title = {};                       //!< "model:", ...
@@ -493,14 +485,6 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
       throw usage_error(
           "--adaptive does not apply to --prompts: --speculate adaptive chooses each request's "
           "draft length per step");
-    if (std::find(std::begin(batch_strategies), std::end(batch_strategies), chosen.name) ==
-        std::end(batch_strategies)) {
-      std::string names;
-      for (std::string_view n : batch_strategies)
-        names += (names.empty() ? "" : ", ") + std::string(n);
-      throw usage_error("--strategy " + std::string(chosen.name) +
-                        " cannot serve --prompts (batched serving supports " + names + ")");
-    }
   } else {
     for (option_spec const* o : {&opt::batch, &opt::speculate})
       if (given(*o)) throw usage_error(std::string(o->flag) + " applies to --prompts only");

@@ -94,7 +94,7 @@ struct session {
   //! --verifier typical: typical acceptance with these parameters instead of the lossless
   //! verifier the strategy and temperature call for.
   std::optional<sd::typical_acceptance_params> typical;
-  sd::file_access access = sd::file_access::map;   //!< how model files are read (--no-mmap)
+  sd::file_access access = sd::file_access::map;   //!< how every file is read (--no-mmap)
   device_kind device = device_kind::cpu;           //!< where the models run (--device)
   sd::weight_dtype dtype = sd::weight_dtype::f32;  //!< their matrices on a CUDA device (--dtype)
 };
@@ -166,6 +166,14 @@ constexpr char const* chain_verifier_name =
 
 //! Options of the strategies (see `strategies` for which strategy declares which).
 namespace opt {
+
+//! Every strategy: how every file used while generating is read (listed with the general
+//! options, options.hpp).
+inline constexpr option_spec no_mmap{
+    .flag = "--no-mmap",
+    .help =
+        "read the model, head and datastore files into memory instead of mapping them (a mapped "
+        "file must not change while in use: truncating it kills the process with SIGBUS)"};
 
 //! draft: the draft model.
 inline constexpr option_spec draft_model{
@@ -508,23 +516,34 @@ inline run_output run_draft(session& s) {
 }
 
 //! layer-skip: the target with some layers skipped drafts a chain (self-speculation).
-inline run_output run_layer_skip(session& s) {
-  auto const n_layers = s.weights->config.n_layers;
+//! The layers --skip-layers names (default: the middle one), checked against a model of
+//! `n_layers` layers.
+inline std::vector<std::int32_t> skip_layers_of(option_values const& v, std::int32_t n_layers) {
   std::vector<std::int32_t> const layers =
-      s.values.layers(opt::skip_layers).value_or(std::vector<std::int32_t>{n_layers / 2});
+      v.layers(opt::skip_layers).value_or(std::vector<std::int32_t>{n_layers / 2});
   for (std::int32_t l : layers)
     if (l >= n_layers)
       throw usage_error("--skip-layers: layer " + std::to_string(l) + " is beyond the model's " +
                         std::to_string(n_layers) + " layers (0.." + std::to_string(n_layers - 1) +
                         ")");
-  sd::draft_model_config const chain = chain_config(s.values);
+  return layers;
+}
+
+//! The description of a layer-skip run skipping `layers` with `chain`.
+inline std::string layer_skip_description(std::span<std::int32_t const> layers,
+                                          sd::draft_model_config const& chain) {
   std::string layer_list;
   for (std::int32_t l : layers) layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
+  return "layer skip (layers " + layer_list + "), " + chain_description(chain);
+}
+
+inline run_output run_layer_skip(session& s) {
+  std::vector<std::int32_t> const layers = skip_layers_of(s.values, s.weights->config.n_layers);
+  sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
     sd::layer_skip_proposer<lm, sd::sampler, M> proposer(
         {.skip_layers = layers, .draft = chain}, s.policy, make_lm(s, s.weights, s.model_options));
-    return run_speculative(s, proposer, chain_verifier<M>{},
-                           "layer skip (layers " + layer_list + "), " + chain_description(chain),
+    return run_speculative(s, proposer, chain_verifier<M>{}, layer_skip_description(layers, chain),
                            chain_verifier_name<M>);
   });
 }
@@ -558,11 +577,14 @@ inline sd::rest_config rest_config_of(option_values const& v) {
   return c;
 }
 
-//! The --datastore file, checked against a model of `vocab` tokens.
+//! The --datastore file (mapped, or read into memory with --no-mmap), checked against a model of
+//! `vocab` tokens.
 inline std::shared_ptr<sd::rest_datastore const> load_datastore(option_values const& v,
                                                                 std::size_t vocab) {
-  auto datastore =
-      std::make_shared<sd::rest_datastore const>(sd::rest_datastore::load(*v.text(opt::datastore)));
+  sd::file_access const access =
+      v.flag(opt::no_mmap) ? sd::file_access::read : sd::file_access::map;
+  auto datastore = std::make_shared<sd::rest_datastore const>(
+      sd::rest_datastore::load(*v.text(opt::datastore), true, access));
   SPECDEC_CHECK(datastore->vocab_size() <= vocab, invalid_argument,
                 "--datastore: its vocabulary of ", datastore->vocab_size(),
                 " ids exceeds the model's ", vocab);
@@ -582,21 +604,33 @@ inline run_output run_rest(session& s) {
 
 //! lookahead: a Jacobi window (auxiliary tokens) feeds an n-gram pool whose candidates for the
 //! last token are verified as a tree, both in one forward.
+//! The lookahead configuration from --lookahead-*.
+inline sd::lookahead_config lookahead_config_of(option_values const& v) {
+  return {.window = static_cast<std::size_t>(v.count(opt::lookahead_window)),
+          .ngram = static_cast<std::size_t>(v.count(opt::lookahead_ngram)),
+          .guesses = static_cast<std::size_t>(v.count(opt::lookahead_guesses))};
+}
+
+//! "W = 5, N = 4, G = 5".
+inline std::string lookahead_description(sd::lookahead_config const& c) {
+  return "W = " + std::to_string(c.window) + ", N = " + std::to_string(c.ngram) +
+         ", G = " + std::to_string(c.guesses);
+}
+
 inline run_output run_lookahead(session& s) {
-  option_values const& v = s.values;
-  sd::lookahead_config const c{
-      .window = static_cast<std::size_t>(v.count(opt::lookahead_window)),
-      .ngram = static_cast<std::size_t>(v.count(opt::lookahead_ngram)),
-      .guesses = static_cast<std::size_t>(v.count(opt::lookahead_guesses))};
+  sd::lookahead_config const c = lookahead_config_of(s.values);
   sd::lookahead_proposer proposer(c);
-  return run_candidates(s, proposer,
-                        "lookahead, W = " + std::to_string(c.window) + ", N = " +
-                            std::to_string(c.ngram) + ", G = " + std::to_string(c.guesses));
+  return run_candidates(s, proposer, "lookahead, " + lookahead_description(c));
+}
+
+//! The Jacobi configuration from -k.
+inline sd::jacobi_config jacobi_config_of(option_values const& v) {
+  return {.block = static_cast<std::size_t>(v.count(opt::chain_length))};
 }
 
 //! jacobi: a block of k guesses refined by the target's own predictions (greedy only).
 inline run_output run_jacobi(session& s) {
-  sd::jacobi_config const c{.block = static_cast<std::size_t>(s.values.count(opt::chain_length))};
+  sd::jacobi_config const c = jacobi_config_of(s.values);
   sd::jacobi_proposer proposer(c);
   return run_speculative(s, proposer, sd::greedy_verifier{},
                          "Jacobi, k = " + std::to_string(c.block), "greedy");
@@ -687,8 +721,8 @@ inline std::filesystem::path heads_directory(option_values const& v) {
 //! medusa: Medusa heads on the target's hidden state draft a sparse tree.
 inline run_output run_medusa(session& s) {
   std::filesystem::path const dir = heads_directory(s.values);
-  auto const heads =
-      std::make_shared<sd::medusa_weights const>(sd::load_medusa_heads(dir, s.weights->config));
+  auto const heads = std::make_shared<sd::medusa_weights const>(
+      sd::load_medusa_heads(dir, s.weights->config, s.access));
   sd::cpu_medusa_heads runner(heads, {.threads = s.model_options.threads});
   std::string tree_text;
   sd::medusa_proposer proposer(
@@ -701,8 +735,8 @@ inline run_output run_medusa(session& s) {
 //! hydra: Hydra heads (sequentially dependent) draft a sparse tree.
 inline run_output run_hydra(session& s) {
   std::filesystem::path const dir = heads_directory(s.values);
-  auto const heads =
-      std::make_shared<sd::hydra_weights const>(sd::load_hydra_heads(dir, s.weights->config));
+  auto const heads = std::make_shared<sd::hydra_weights const>(
+      sd::load_hydra_heads(dir, s.weights->config, s.access));
   sd::cpu_hydra_heads runner(heads, s.weights, {.threads = s.model_options.threads});
   std::string tree_text;
   sd::hydra_proposer proposer(
@@ -714,36 +748,63 @@ inline run_output run_hydra(session& s) {
 
 //! eagle: an EAGLE head on the target's features drafts a dynamic tree (EAGLE-2; EAGLE-3 heads
 //! too) or a static one (--tree).
-inline run_output run_eagle(session& s) {
-  option_values const& v = s.values;
+//! The --eagle head, loaded for `weights` (the directory checked).
+inline std::shared_ptr<sd::eagle_weights const> load_eagle(
+    option_values const& v, std::shared_ptr<sd::llama_weights const> const& weights,
+    sd::file_access access) {
   std::filesystem::path const dir = *v.text(opt::eagle);
   if (!std::filesystem::is_directory(dir))
     throw usage_error("--eagle: no such directory '" + dir.string() + "'");
-  auto const head = std::make_shared<sd::eagle_weights const>(sd::load_eagle_head(dir, s.weights));
+  return std::make_shared<sd::eagle_weights const>(sd::load_eagle_head(dir, weights, access));
+}
+
+//! How an EAGLE run drafts: a static tree (--eagle-tree) or EAGLE-2's dynamic trees
+//! (--eagle-depth, --eagle-topk, --eagle-nodes); `make(runner)` builds its proposer.
+struct eagle_drafting {
+  std::optional<sd::sparse_tree> tree;  //!< the static tree, or none: dynamic
+  sd::eagle_tree_config dynamic;        //!< the dynamic trees' shape
+  std::string description;              //!< "EAGLE, EAGLE-3 head (...), dynamic tree: ..."
+
+  //! The proposer over `runner`.
+  template <class Runner>
+  [[nodiscard]] sd::eagle_proposer<Runner> make(Runner& runner) const {
+    return tree ? sd::eagle_proposer<Runner>(runner, *tree)
+                : sd::eagle_proposer<Runner>(runner, dynamic);
+  }
+};
+
+//! The drafting of an EAGLE run with `head` (see `eagle_drafting`).
+inline eagle_drafting eagle_drafting_of(option_values const& v, sd::eagle_weights const& head) {
+  std::string kind = "EAGLE-1 head";
+  if (head.config.version == sd::eagle_version::eagle3) {
+    kind = "EAGLE-3 head (layers";
+    for (std::int32_t l : head.target_layers) kind += " " + std::to_string(l);
+    kind += ", draft vocabulary " + std::to_string(head.draft_vocab) + ")";
+  }
+  eagle_drafting d;
+  if (auto const file = v.text(opt::eagle_tree)) {
+    d.tree = sd::sparse_tree::from_choices(sd::read_tree_choices(*file));
+    d.description =
+        "EAGLE, " + kind + ", static " + std::to_string(d.tree->size()) + "-node tree " + *file;
+    return d;
+  }
+  d.dynamic = {.depth = static_cast<std::size_t>(v.count(opt::eagle_depth)),
+               .top_k = static_cast<std::size_t>(v.count(opt::eagle_topk)),
+               .nodes = static_cast<std::size_t>(v.count(opt::eagle_nodes))};
+  d.description = "EAGLE, " + kind + ", dynamic tree: depth " + std::to_string(d.dynamic.depth) +
+                  ", top-" + std::to_string(d.dynamic.top_k) + ", " +
+                  std::to_string(d.dynamic.nodes) + " nodes";
+  return d;
+}
+
+inline run_output run_eagle(session& s) {
+  auto const head = load_eagle(s.values, s.weights, s.access);
   sd::cpu_eagle_head runner(head, {.threads = s.model_options.threads,
                                    .pool = s.model_options.pool,
                                    .max_context = s.target.max_context()});
-  std::string kind = "EAGLE-1 head";
-  if (head->config.version == sd::eagle_version::eagle3) {
-    kind = "EAGLE-3 head (layers";
-    for (std::int32_t l : head->target_layers) kind += " " + std::to_string(l);
-    kind += ", draft vocabulary " + std::to_string(head->draft_vocab) + ")";
-  }
-  if (auto const file = v.text(opt::eagle_tree)) {
-    sd::eagle_proposer proposer(runner,
-                                sd::sparse_tree::from_choices(sd::read_tree_choices(*file)));
-    return run_candidates(s, proposer,
-                          "EAGLE, " + kind + ", static " + std::to_string(proposer.max_nodes()) +
-                              "-node tree " + *file);
-  }
-  sd::eagle_tree_config const c{.depth = static_cast<std::size_t>(v.count(opt::eagle_depth)),
-                                .top_k = static_cast<std::size_t>(v.count(opt::eagle_topk)),
-                                .nodes = static_cast<std::size_t>(v.count(opt::eagle_nodes))};
-  sd::eagle_proposer proposer(runner, c);
-  return run_candidates(s, proposer,
-                        "EAGLE, " + kind + ", dynamic tree: depth " + std::to_string(c.depth) +
-                            ", top-" + std::to_string(c.top_k) + ", " + std::to_string(c.nodes) +
-                            " nodes");
+  eagle_drafting const drafting = eagle_drafting_of(s.values, *head);
+  auto proposer = drafting.make(runner);
+  return run_candidates(s, proposer, drafting.description);
 }
 
 // ---------------------------------------------------------------------------------------------
