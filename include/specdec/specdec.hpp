@@ -84,6 +84,7 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/batch_decoder.hpp"
 #include "specdec/decode/common.hpp"
+#include "specdec/decode/sequence.hpp"
 #include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 

@@ -207,7 +207,7 @@ class sequence_step {
 
   //! Phase 2: checks the draft against the step's context (root = the last committed token, at
   //! most `max_nodes` nodes); throws `errc::invalid_argument` naming `who` otherwise.
-  void check_draft(std::size_t max_nodes, char const* who) {
+  void check_draft(std::size_t max_nodes, char const* who = "sequence_step") {
     std::span<token_id const> const c = committed();
     SPECDEC_CHECK(!tree_.empty() && tree_.root() == c.back(), invalid_argument, who,
                   ": the proposer's tree must have the last committed token ", c.back(),
@@ -317,7 +317,8 @@ class sequence_step {
   //! Phase 4: the verifier walks the tree against `rows` (one per tree node, host or device) under
   //! `policy`, writing the accepted path and the bonus token.
   template <class Verifier, class Rows, class Policy>
-  void verify(Verifier& verifier, Rows const& rows, Policy const& policy, char const* who) {
+  void verify(Verifier& verifier, Rows const& rows, Policy const& policy,
+              char const* who = "sequence_step") {
     // The committed tokens were checked as they were committed (the prompt by check_prompt, the
     // rest by the verifier that produced them).
     verifier.verify(tree_, rows, policy, token_history::checked(committed()), rng_, result_);
@@ -334,7 +335,8 @@ class sequence_step {
   //! added to the request's.
   template <kv_cache Cache, class Accept>
   step_stats const& commit(Cache& cache, matrix_view<float const> rows,
-                           matrix_view<float const> hidden, Accept&& accept, char const* who) {
+                           matrix_view<float const> hidden, Accept&& accept,
+                           char const* who = "sequence_step") {
     std::size_t const b = base();
     // Before the step the cache held b positions, or none when the prompt (b rows) rode along.
     std::size_t const expected = b + scored_rows();
