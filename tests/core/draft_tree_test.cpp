@@ -150,3 +150,22 @@ TEST_CASE("to_dot names every node and edge") {
   CHECK(dot.find("n0 -> n3") != std::string::npos);
   CHECK(dot.find("\\\"q\\\"") != std::string::npos);
 }
+
+TEST_CASE("positions and path_to: where a tree is scored and what accepting a node accepts") {
+  // 0 -> 1 -> 3, 0 -> 2
+  specdec::draft_tree t(4);
+  t.reset(10);
+  auto const a = t.add_node(0, 11);
+  auto const b = t.add_node(0, 12);
+  auto const c = t.add_node(a, 13);
+  std::vector<specdec::position_t> pos;
+  t.positions(7, pos);
+  CHECK(pos == std::vector<specdec::position_t>{7, 8, 8, 9});
+  std::vector<specdec::node_index> path;
+  t.path_to(c, path);
+  CHECK(path == std::vector<specdec::node_index>{a, c});
+  t.path_to(b, path);
+  CHECK(path == std::vector<specdec::node_index>{b});
+  t.path_to(0, path);
+  CHECK(path.empty());
+}

@@ -533,3 +533,38 @@ TEST_CASE("verify with a checked history decides as with an unchecked one, chain
     CHECK(r3.offset() == r4.offset());
   }
 }
+
+TEST_CASE("verifiers refuse a history that does not end with the tree's root") {
+  // Root 3 with children 1 and 2; vocabulary 5; uniform rows.
+  draft_tree tree(4);
+  tree.reset(3);
+  tree.add_node(0, 1);
+  tree.add_node(0, 2);
+  std::vector<float> logits(3 * 5, 0.0f);
+  matrix_view<float const> const rows(logits.data(), 3, 5);
+  std::vector<token_id> const wrong = {0, 4};  // ends with 4, not the root 3
+  std::vector<token_id> const right = {0, 3};
+  verify_result out;
+  philox rng(1);
+  specdec::greedy_verifier greedy;
+  specdec::tree_verifier tree_v;
+  specdec::speculative_sampling_verifier chain_v;
+  specdec::typical_acceptance_verifier typical;
+  auto const check = [&](auto& v, char const* who) {
+    CAPTURE(who);
+    CHECK_THROWS_WITH_AS(
+        v.verify(tree, rows, specdec::greedy{}, specdec::token_history(wrong), rng, out),
+        doctest::Contains("history ends with token 4, not with the tree's root 3"), specdec::error);
+    CHECK_NOTHROW(v.verify(tree, rows, specdec::greedy{}, specdec::token_history(right), rng, out));
+    CHECK_NOTHROW(v.verify(tree, rows, specdec::greedy{}, specdec::token_history(), rng, out));
+  };
+  check(greedy, "greedy");
+  check(tree_v, "tree");
+  check(typical, "typical");
+  draft_tree chain(3);
+  chain.reset(3);
+  chain.add_node(0, 1);
+  CHECK_THROWS_WITH_AS(chain_v.verify(chain, matrix_view<float const>(logits.data(), 2, 5),
+                                      specdec::greedy{}, specdec::token_history(wrong), rng, out),
+                       doctest::Contains("not with the tree's root 3"), specdec::error);
+}

@@ -60,6 +60,7 @@ class greedy_verifier : public detail::batch_entry_points<greedy_verifier> {
                   "greedy_verifier: the sampling policy is not greedy (use a sampling verifier, "
                   "e.g. speculative_sampling_verifier or tree_verifier)");
     detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
+    detail::check_history(name, tree, history);
     detail::prepare_result(tree, out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     detail::greedy_walk(name, tree, target_logits, policy, history_, out);

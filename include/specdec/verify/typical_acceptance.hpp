@@ -149,6 +149,7 @@ class typical_acceptance_verifier : public detail::batch_entry_points<typical_ac
   void verify(draft_tree const& tree, matrix_view<float const> target_logits, Policy const& policy,
               token_history history, philox& rng, verify_result& out) {
     detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
+    detail::check_history(name, tree, history);
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     if (policy.is_greedy()) {

@@ -33,6 +33,16 @@ inline void check_inputs(char const* who, draft_tree const& tree, std::size_t ro
                 tree.q_vocab(), " entries but target rows have ", vocab);
 }
 
+//! Checks that `history` (the committed tokens) ends with the tree's root, the token whose
+//! row the root's children were scored from; an empty history (a policy that reads none) passes.
+inline void check_history(char const* who, draft_tree const& tree, token_history history) {
+  std::span<token_id const> const h = history.tokens();
+  SPECDEC_CHECK(h.empty() || h.back() == tree.root(), invalid_argument, who,
+                ": the history ends with token ", h.empty() ? no_token : h.back(),
+                ", not with the tree's root ", tree.root(),
+                " (the history is every committed token, the root last)");
+}
+
 //! Checks a token a policy returned.
 inline void check_policy_token(token_id t, std::size_t vocab, char const* who, node_index node) {
   SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < vocab, out_of_range, who,

@@ -269,6 +269,7 @@ class sampling_verifier_core {
   void verify(char const* who, draft_tree const& tree, matrix_view<float const> target_logits,
               Policy const& policy, token_history history, philox& rng, verify_result& out) {
     check_inputs(who, tree, target_logits.rows(), target_logits.cols());
+    check_history(who, tree, history);
     prepare(tree, target_logits.cols(), out);
     history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
     if (policy.is_greedy()) {
