@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -268,6 +269,14 @@ TEST_CASE("eagle files: every loader error names the tensor and the file") {
               "tensor 'd2t' maps draft token 39 to 139, outside the vocabulary of 75");
   check_error([&] { (void)load(d2t_value(1, -1), c3); }, errc::bad_file,
               "tensor 'd2t' maps two draft tokens to 0");
+  // Offsets at the ends of the int64 range: the message says where they lead, without overflow.
+  check_error([&] { (void)load(d2t_value(39, std::numeric_limits<std::int64_t>::max()), c3); },
+              errc::bad_file,
+              "tensor 'd2t' maps draft token 39 to 39 + 9223372036854775807, outside the "
+              "vocabulary of 75");
+  check_error([&] { (void)load(d2t_value(39, std::numeric_limits<std::int64_t>::min()), c3); },
+              errc::bad_file,
+              "tensor 'd2t' maps draft token 39 to -9223372036854775769, outside the vocabulary");
   check_error(
       [&] { (void)load(edited(t3, "t2d", [](st_tensor& t) { t.data[2] = std::byte{1}; }), c3); },
       errc::bad_file, "tensor 't2d' marks token 2, which d2t does not map to");

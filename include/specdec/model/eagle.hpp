@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -418,8 +419,15 @@ inline void interleave_rope_rows(float const* w, std::size_t heads, std::size_t 
       std::int64_t const off = offsets[i];
       bool const in_range =
           off >= -static_cast<std::int64_t>(i) && off < static_cast<std::int64_t>(vocab - i);
-      SPECDEC_CHECK(in_range, bad_file, where, ": tensor 'd2t' maps draft token ", i, " to ",
-                    static_cast<long long>(i) + off, ", outside the vocabulary of ", vocab);
+      if (!in_range) {
+        // i + off, unless it overflows int64 (then written as the sum).
+        auto const id = static_cast<std::int64_t>(i);
+        std::string const to = off > std::numeric_limits<std::int64_t>::max() - id
+                                   ? std::to_string(i) + " + " + std::to_string(off)
+                                   : std::to_string(id + off);
+        SPECDEC_THROW(bad_file, where, ": tensor 'd2t' maps draft token ", i, " to ", to,
+                      ", outside the vocabulary of ", vocab);
+      }
       auto const t = static_cast<std::size_t>(static_cast<std::int64_t>(i) + off);
       SPECDEC_CHECK(!seen[t], bad_file, where, ": tensor 'd2t' maps two draft tokens to ", t);
       seen[t] = true;
