@@ -6,7 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -479,6 +482,40 @@ TEST_CASE("heads: corrupted head files and configs give specdec::error or load, 
   MESSAGE(errors << " errors, " << loads << " loads of " << 2 * rounds << " corrupted files");
   CHECK(errors > rounds);  // most corruptions are caught
   CHECK(errors + loads == 2 * rounds);
+
+  // The Medusa file with 100,000 empty tensors more in its header (10 MB): refused, naming the
+  // first, in about the time nlohmann/json takes to parse the header alone (the header's check
+  // for repeated names was quadratic, and so was the parser it used: minutes).
+  {
+    std::uint64_t header = 0;
+    std::memcpy(&header, medusa.data(), 8);
+    std::string text(reinterpret_cast<char const*>(medusa.data()) + 8, header);
+    std::size_t const open = text.find('{');
+    REQUIRE(open != std::string::npos);
+    std::string extra;
+    for (int i = 0; i < 100'000; ++i)
+      extra += "\"unused.padding_of_the_header_with_empty_tensors." + std::to_string(i) +
+               "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},";
+    text.insert(open + 1, extra);
+    std::vector<std::byte> bytes = specdec::test::st_raw(text, {}, false);
+    bytes.insert(bytes.end(), medusa.begin() + static_cast<long>(8 + header), medusa.end());
+    auto const since = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    };
+    auto start = std::chrono::steady_clock::now();
+    CHECK(nlohmann::json::parse(text).size() > 100'000);
+    double const parse_alone = since(start);
+    start = std::chrono::steady_clock::now();
+    check_error(
+        [&] {
+          (void)load_medusa_heads(safetensors_file(bytes, "padded.safetensors"), mc, 64, 512);
+        },
+        errc::bad_file, "unexpected tensor 'unused.padding_of_the_header_with_empty_");
+    double const refused = since(start);
+    MESSAGE("a header of ", text.size(), " bytes refused in ", refused,
+            " s; nlohmann/json parses it in ", parse_alone, " s");
+    CHECK(refused < 5.0 * parse_alone + 0.5);
+  }
 }
 
 TEST_CASE("heads: random heads of any shape, deterministic in the seed") {

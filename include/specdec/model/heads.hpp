@@ -35,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -140,9 +141,7 @@ class head_tensor_loader {
                       t.dtype == safetensors_dtype::bf16,
                   unsupported, file_.where(), ": tensor '", name, "' has dtype ",
                   to_string(t.dtype), ", which is not supported (F32, F16 and BF16 are)");
-    for (auto const& w : wanted_)
-      SPECDEC_CHECK(w.tensor != &t, internal, file_.where(), ": tensor '", name,
-                    "' requested twice");
+    mark_used(t);
     if (!in_place(t)) owned_ = checked_add(owned_, t.elements, file_.where(), "converted floats");
     wanted_.push_back({&t, target});
   }
@@ -154,9 +153,7 @@ class head_tensor_loader {
     safetensors_tensor const& t = file_.require(name);
     SPECDEC_CHECK(t.shape == shape, bad_file, file_.where(), ": tensor '", name, "' has shape ",
                   t.shape_text(), ", expected ", shape_text(shape), " = ", role);
-    for (auto const& w : wanted_)
-      SPECDEC_CHECK(w.tensor != &t, internal, file_.where(), ": tensor '", name,
-                    "' requested twice");
+    mark_used(t);
     wanted_.push_back({&t, nullptr});
     return t;
   }
@@ -164,12 +161,9 @@ class head_tensor_loader {
   //! Throws `errc::bad_file` naming the first tensor of the file that was not expected, then
   //! fills every target pointer and returns the storage that keeps them valid.
   [[nodiscard]] std::shared_ptr<void const> finish() {
-    for (safetensors_tensor const& t : file_.tensors()) {
-      bool used = false;
-      for (auto const& w : wanted_) used = used || w.tensor == &t;
-      SPECDEC_CHECK(used, bad_file, file_.where(), ": unexpected tensor '", t.name, "' (shape ",
-                    t.shape_text(), "): no head of this configuration uses it");
-    }
+    for (safetensors_tensor const& t : file_.tensors())
+      SPECDEC_CHECK(used_.contains(&t), bad_file, file_.where(), ": unexpected tensor '", t.name,
+                    "' (shape ", t.shape_text(), "): no head of this configuration uses it");
     auto storage = std::make_shared<weight_storage>();
     storage->map = file_.file();
     float* next = owned_ > 0 ? storage->allocate(static_cast<std::size_t>(owned_)) : nullptr;
@@ -193,6 +187,12 @@ class head_tensor_loader {
     float const** target;
   };
 
+  // Records `t` as expected (once).
+  void mark_used(safetensors_tensor const& t) {
+    SPECDEC_CHECK(used_.insert(&t).second, internal, file_.where(), ": tensor '", t.name,
+                  "' requested twice");
+  }
+
   // Used in place: F32 at a float-aligned address inside a map this file owns.
   [[nodiscard]] bool in_place(safetensors_tensor const& t) const noexcept {
     return file_.file() != nullptr && t.dtype == safetensors_dtype::f32 &&
@@ -207,6 +207,7 @@ class head_tensor_loader {
 
   safetensors_file const& file_;
   std::vector<wanted> wanted_;
+  std::unordered_set<safetensors_tensor const*> used_;  // the tensors of wanted_
   std::uint64_t owned_ = 0;
 };
 

@@ -119,56 +119,111 @@ inline constexpr int safetensors_max_depth = 8;
 
 namespace detail {
 
+//! The most names (object keys) one JSON file may hold in all: far beyond what a real header,
+//! config or tree file has (a header spends four per tensor), and it bounds the memory an absurd
+//! file of the largest size accepted could make the parser build.
+inline constexpr std::size_t json_max_names = std::size_t{1} << 20;
+
+//! The SAX handler of `parse_json`: builds the value as nlohmann's own DOM parser does, and stops
+//! at the first nesting deeper than `safetensors_max_depth`, name repeated within one object
+//! (found as the name is inserted into the object being built), name beyond `max_names` in all,
+//! or syntax error, recording it in `problem`. O(n log n) in the size of the text at worst
+//! (nlohmann's callback parser, which this replaces, rescans an object each time one of its
+//! members ends, and the name check it served compared each name with every earlier one: both
+//! quadratic).
+class checked_json_builder {
+ public:
+  using json = nlohmann::json;
+
+  explicit checked_json_builder(std::size_t max_names) : max_names_(max_names) {}
+
+  //! The value built (complete when the parse returned true).
+  json value;
+  //! What stopped the parse, or empty.
+  std::string problem;
+
+  bool null() { return add(nullptr); }
+  bool boolean(bool v) { return add(v); }
+  bool number_integer(json::number_integer_t v) { return add(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return add(v); }
+  bool number_float(json::number_float_t v, json::string_t const&) { return add(v); }
+  bool string(json::string_t& v) { return add(std::move(v)); }
+  bool binary(json::binary_t& v) { return add(json::binary(std::move(v))); }
+
+  bool start_object(std::size_t) { return open(json::value_t::object); }
+  bool key(json::string_t& name) {
+    if (++count_ > max_names_)
+      return fail("more than " + std::to_string(max_names_) + " names in its JSON objects");
+    auto const [at, added] = open_.back()->get_ref<json::object_t&>().try_emplace(name);
+    if (!added) return fail("the name '" + name + "' appears twice in one JSON object");
+    member_ = &at->second;
+    return true;
+  }
+  bool end_object() {
+    open_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) { return open(json::value_t::array); }
+  bool end_array() {
+    open_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, std::string const&, json::exception const& e) {
+    return fail(std::string("invalid JSON: ") + e.what());
+  }
+
+ private:
+  bool fail(std::string what) {
+    problem = std::move(what);
+    return false;
+  }
+
+  template <class V>
+  bool add(V&& v) {
+    place(json(std::forward<V>(v)));
+    return true;
+  }
+  // Places `v` where the next value goes (the root, the end of the open array, the member named
+  // last) and returns where.
+  json* place(json v) {
+    if (open_.empty()) {
+      value = std::move(v);
+      return &value;
+    }
+    if (open_.back()->is_array()) {
+      open_.back()->push_back(std::move(v));
+      return &open_.back()->back();
+    }
+    *member_ = std::move(v);
+    return member_;
+  }
+  bool open(json::value_t type) {
+    if (open_.size() >= static_cast<std::size_t>(safetensors_max_depth))
+      return fail("JSON nested deeper than " + std::to_string(safetensors_max_depth) + " levels");
+    open_.push_back(place(json(type)));
+    return true;
+  }
+
+  std::size_t max_names_;
+  std::size_t count_ = 0;
+  std::vector<json*> open_;  // the open objects and arrays, outermost first
+  json* member_ = nullptr;   // the member of the innermost open object named last
+};
+
 //! Parses `text` (from `where`) as one JSON value with the care every file of the library gets:
 //! invalid JSON or UTF-8 throws `errc::bad_file` with the parser's position and reason; nesting
-//! deeper than `safetensors_max_depth` and a name repeated within one object throw `errc::bad_file`
-//! naming it (the parser would otherwise keep the last of two equal names silently).
-[[nodiscard]] inline nlohmann::json parse_json(std::string_view text, std::string_view where) {
-  using json = nlohmann::json;
-  // One set of names per open object; `too_deep` / `duplicate` record the first problem (the
-  // callback may not throw through the parser's state, so the error is raised after it returns).
-  std::vector<std::vector<std::string>> names;
-  std::string duplicate;
-  bool too_deep = false;
-  auto const callback = [&](int depth, json::parse_event_t event, json& value) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth >= safetensors_max_depth) {
-          too_deep = true;
-          return false;  // not kept: nothing deeper is built
-        }
-        if (event == json::parse_event_t::object_start) names.emplace_back();
-        return true;
-      case json::parse_event_t::object_end:
-        if (!names.empty()) names.pop_back();
-        return true;
-      case json::parse_event_t::key: {
-        if (names.empty() || !value.is_string()) return true;
-        std::string const& key = value.get_ref<std::string const&>();
-        auto& open = names.back();
-        if (std::find(open.begin(), open.end(), key) != open.end()) {
-          if (duplicate.empty()) duplicate = key;
-        } else {
-          open.push_back(key);
-        }
-        return true;
-      }
-      default:
-        return true;
-    }
-  };
-  json value;
-  try {
-    value = json::parse(text.begin(), text.end(), callback, true, false);
-  } catch (json::exception const& e) {
-    SPECDEC_THROW(bad_file, where, ": invalid JSON: ", e.what());
-  }
-  SPECDEC_CHECK(!too_deep, bad_file, where, ": JSON nested deeper than ", safetensors_max_depth,
-                " levels");
-  SPECDEC_CHECK(duplicate.empty(), bad_file, where, ": the name '", duplicate,
-                "' appears twice in one JSON object");
-  return value;
+//! deeper than `safetensors_max_depth`, a name repeated within one object (the parser would
+//! otherwise keep the last of two equal names silently) and more than `max_names` names in all
+//! throw `errc::bad_file` naming it. Linear in the size of the text, but for a logarithm
+//! (`checked_json_builder`).
+[[nodiscard]] inline nlohmann::json parse_json(std::string_view text, std::string_view where,
+                                               std::size_t max_names = json_max_names) {
+  checked_json_builder builder(max_names);
+  bool const ok = nlohmann::json::sax_parse(text.begin(), text.end(), &builder,
+                                            nlohmann::json::input_format_t::json, true, false);
+  SPECDEC_CHECK(ok && builder.problem.empty(), bad_file, where, ": ",
+                builder.problem.empty() ? "invalid JSON" : builder.problem);
+  return std::move(builder.value);
 }
 
 //! The whole file at `path` as text (a JSON config or tree file). Throws `errc::io` when it cannot
@@ -243,11 +298,13 @@ class safetensors_file {
   //! Bytes of the JSON header (N).
   [[nodiscard]] std::uint64_t header_size() const noexcept { return header_size_; }
 
-  //! The tensor called `name`, or null.
+  //! The tensor called `name`, or null (a binary search over the names).
   [[nodiscard]] safetensors_tensor const* find(std::string_view name) const noexcept {
-    for (auto const& t : tensors_)
-      if (t.name == name) return &t;
-    return nullptr;
+    auto const it = std::lower_bound(
+        by_name_.begin(), by_name_.end(), name,
+        [&](std::size_t i, std::string_view n) { return std::string_view(tensors_[i].name) < n; });
+    if (it == by_name_.end() || tensors_[*it].name != name) return nullptr;
+    return &tensors_[*it];
   }
 
   //! The tensor called `name`; throws `errc::bad_file` naming it and the file when it is missing.
@@ -380,6 +437,10 @@ class safetensors_file {
     SPECDEC_CHECK(at == data.size(), bad_file, where_, ": ", data.size() - at,
                   " bytes after the last tensor (the data section has ", data.size(),
                   " bytes, the tensors cover ", at, ")");
+    by_name_.resize(tensors_.size());
+    for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
+    std::sort(by_name_.begin(), by_name_.end(),
+              [&](std::size_t a, std::size_t b) { return tensors_[a].name < tensors_[b].name; });
   }
 
   safetensors_tensor parse_entry(std::string const& name, nlohmann::json const& entry,
@@ -430,6 +491,7 @@ class safetensors_file {
   std::string where_;
   std::uint64_t header_size_ = 0;
   std::vector<safetensors_tensor> tensors_;
+  std::vector<std::size_t> by_name_;  // indices of tensors_ in the order of their names
   std::map<std::string, std::string> metadata_;
 };
 
