@@ -355,6 +355,12 @@ TEST_CASE("heads: config errors name the key and the file") {
       errc::unsupported, "\"hidden_state_offset\" 2 is not supported");
   check_error([&] { (void)hydra(R"({"hydra_num_heads": 4})"); }, errc::bad_file,
               "missing \"hydra_num_layers\"");
+  // A NUL byte would end the text for the parser, which would ignore what follows: refused, with
+  // or without content after it.
+  std::string const nul = std::string(R"({"medusa_num_heads": 4, "medusa_num_layers": 1})") + '\0';
+  check_error([&] { (void)medusa(nul + R"({"medusa_num_heads": 64})"); }, errc::bad_file,
+              "config.json: a NUL byte at byte 47 of 72");
+  check_error([&] { (void)medusa(nul); }, errc::bad_file, "a NUL byte at byte 47 of 48");
 }
 
 TEST_CASE("heads: tree files") {
@@ -381,6 +387,8 @@ TEST_CASE("heads: tree files") {
               "path 1 holds -1, not a rank");
   check_error([&] { (void)parse_tree_choices("[[0.5]]", w); }, errc::bad_file, "holds 0.5");
   check_error([&] { (void)parse_tree_choices("[[0], [1]", w); }, errc::bad_file, "invalid JSON");
+  check_error([&] { (void)parse_tree_choices(std::string("[[0], [1]]\0[[2]]", 16), w); },
+              errc::bad_file, "a NUL byte at byte 10 of 16");
   std::string many = "[";
   for (int i = 0; i < 5000; ++i) many += (i ? ",[" : "[") + std::to_string(i % 9) + "]";
   check_error([&] { (void)parse_tree_choices(many + "]", w); }, errc::bad_file,

@@ -185,6 +185,14 @@ TEST_CASE("safetensors: every malformed file is a specdec::error naming the prob
     check_error([&] { (void)parse(st_raw(object(a + "," + b), data16)); }, errc::bad_file,
                 "the name 'a' appears twice");
   }
+  SUBCASE("a NUL byte, with or without content after it") {
+    // The JSON parser would end the text at the NUL and ignore the rest; a strict one refuses it.
+    check_error([&] { (void)parse(st_raw(std::string("{}\0{\"a\":1}", 10), {})); }, errc::bad_file,
+                "test.safetensors (header): a NUL byte at byte 2 of 16");
+    std::string const a = entry("a", "\"F32\"", "[2]", "[0,8]");
+    check_error([&] { (void)parse(st_raw(object(a) + std::string(1, '\0'), data16)); },
+                errc::bad_file, "a NUL byte at byte");
+  }
   SUBCASE("more names than the limit") {
     check_error([&] { (void)detail::parse_json("{\"a\":{\"b\":1,\"c\":2}}", "names.json", 2); },
                 errc::bad_file, "names.json: more than 2 names in its JSON objects");

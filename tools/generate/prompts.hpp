@@ -23,8 +23,8 @@ struct numbered_prompt {
 //! The prompts of the JSON Lines file `path`: each non-blank line is a JSON object whose
 //! "prompt" member is a string, or (MT-Bench style) whose "turns" member is an array beginning with
 //! a string, the first turn. Throws `specdec::error` -- `errc::io` when the file cannot be read,
-//! `errc::bad_file` naming the line for a line that is not such an object, or for a file without
-//! any prompt.
+//! `errc::bad_file` naming the line for a line that is not such an object (or holds a NUL byte),
+//! or for a file without any prompt.
 inline std::vector<numbered_prompt> read_prompts(std::filesystem::path const& path) {
   std::ifstream in(path, std::ios::binary);
   SPECDEC_CHECK(in.good(), io, "--prompts: cannot read '", path.string(), "'");
@@ -33,6 +33,10 @@ inline std::vector<numbered_prompt> read_prompts(std::filesystem::path const& pa
   for (std::size_t number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    // The parser would take a NUL byte for the end of the line and ignore what follows.
+    SPECDEC_CHECK(line.find('\0') == std::string::npos, bad_file, "--prompts: '", path.string(),
+                  "' line ", number, " holds a NUL byte at column ", line.find('\0') + 1,
+                  " (JSON text holds none)");
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);

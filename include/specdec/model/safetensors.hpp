@@ -211,13 +211,17 @@ class checked_json_builder {
 };
 
 //! Parses `text` (from `where`) as one JSON value with the care every file of the library gets:
-//! invalid JSON or UTF-8 throws `errc::bad_file` with the parser's position and reason; nesting
-//! deeper than `safetensors_max_depth`, a name repeated within one object (the parser would
-//! otherwise keep the last of two equal names silently) and more than `max_names` names in all
-//! throw `errc::bad_file` naming it. Linear in the size of the text, but for a logarithm
-//! (`checked_json_builder`).
+//! invalid JSON or UTF-8 throws `errc::bad_file` with the parser's position and reason, and so
+//! does a NUL byte anywhere (the parser would take it for the end of the text and ignore what
+//! follows, where a strict parser refuses the file); nesting deeper than `safetensors_max_depth`,
+//! a name repeated within one object (the parser would otherwise keep the last of two equal names
+//! silently) and more than `max_names` names in all throw `errc::bad_file` naming it. Linear in
+//! the size of the text, but for a logarithm (`checked_json_builder`).
 [[nodiscard]] inline nlohmann::json parse_json(std::string_view text, std::string_view where,
                                                std::size_t max_names = json_max_names) {
+  std::size_t const nul = text.find('\0');
+  SPECDEC_CHECK(nul == std::string_view::npos, bad_file, where, ": a NUL byte at byte ", nul,
+                " of ", text.size(), " (JSON text holds none; the text would end there)");
   checked_json_builder builder(max_names);
   bool const ok = nlohmann::json::sax_parse(text.begin(), text.end(), &builder,
                                             nlohmann::json::input_format_t::json, true, false);
