@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -487,6 +488,41 @@ TEST_CASE("gguf: load_gguf rejects what it cannot run") {
     CHECK(expect_error([&] { (void)load_gguf(bad); }, errc::bad_file).find("blk.1.ffn_gate") !=
           std::string::npos);
   }
+  SUBCASE("non-finite or absurd RoPE base and RMSNorm epsilon, named") {
+    auto const with = [&](std::string_view key, float value) {
+      auto b = bytes;
+      auto const at = find(key) + key.size();
+      CHECK(test::peek<std::uint32_t>(b, at) == 6);  // float32
+      test::poke(b, at + 4, value);
+      test::write_bytes(bad, b);
+      return expect_error([&] { (void)load_gguf(bad); }, errc::bad_file);
+    };
+    float const inf = std::numeric_limits<float>::infinity();
+    CHECK(with("llama.rope.freq_base", inf)
+              .find("metadata 'llama.rope.freq_base' is inf, must be a finite number in (0, ") !=
+          std::string::npos);
+    CHECK(with("llama.rope.freq_base", -1.0f).find("'llama.rope.freq_base' is -1") !=
+          std::string::npos);
+    CHECK(with("llama.rope.freq_base", 1e20f).find("'llama.rope.freq_base' is 1e+20") !=
+          std::string::npos);
+    CHECK(with("llama.attention.layer_norm_rms_epsilon", std::nanf(""))
+              .find("metadata 'llama.attention.layer_norm_rms_epsilon' is nan") !=
+          std::string::npos);
+    CHECK(with("llama.attention.layer_norm_rms_epsilon", inf)
+              .find("'llama.attention.layer_norm_rms_epsilon' is inf") != std::string::npos);
+    CHECK(with("llama.attention.layer_norm_rms_epsilon", 0.0f)
+              .find("'llama.attention.layer_norm_rms_epsilon' is 0") != std::string::npos);
+    // The same checks for any config (a model built in memory).
+    llama_config c = file_small(false);
+    c.rope_theta = inf;
+    CHECK(expect_error([&] { c.validate("model"); }, errc::bad_file)
+              .find("model: rope_theta is inf") != std::string::npos);
+    c = file_small(false);
+    c.rms_eps = std::nanf("");
+    CHECK(
+        expect_error([&] { c.validate("model"); }, errc::bad_file).find("model: rms_eps is nan") !=
+        std::string::npos);
+  }
   SUBCASE("hyper-parameters disagreeing with the tensors") {
     auto b = bytes;
     auto const at = find("llama.embedding_length") + 22 + 4;
@@ -497,6 +533,31 @@ TEST_CASE("gguf: load_gguf rejects what it cannot run") {
     test::write_bytes(bad, b);
     expect_error([&] { (void)load_gguf(bad); }, errc::bad_file);
   }
+}
+
+TEST_CASE("gguf: a float64 value beyond the float range is refused as a float, naming the key") {
+  test_support::temp_dir dir;
+  auto const path = dir.file("f64.gguf");
+  builder b;
+  b.header(0, 3)
+      .str("huge")
+      .u32(12)
+      .raw(1e300)
+      .str("small")
+      .u32(12)
+      .raw(0.5)
+      .str("infinite")
+      .u32(12)
+      .raw(std::numeric_limits<double>::infinity());
+  test::write_bytes(path, b.pad().b);
+  gguf_file const f(path);
+  CHECK(expect_error([&] { (void)f.get<float>("huge"); }, errc::bad_file)
+            .find("metadata 'huge' value 1e+300 is out of the range of float") !=
+        std::string::npos);
+  CHECK(f.get<double>("huge") == 1e300);
+  CHECK(f.get<float>("small") == 0.5f);
+  CHECK(
+      std::isinf(*f.get<float>("infinite")));  // an infinity is one; the hyper-parameters refuse it
 }
 
 TEST_CASE("gguf: random header mutations never crash") {

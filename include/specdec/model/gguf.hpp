@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -292,7 +293,13 @@ class gguf_value {
     } else if constexpr (std::is_floating_point_v<T>) {
       check_type(t == gguf_value_type::float32 || t == gguf_value_type::float64, "float");
       if (t == gguf_value_type::float32) return static_cast<T>(raw<float>(i));
-      return static_cast<T>(raw<double>(i));
+      double const d = raw<double>(i);
+      // A finite float64 beyond `T`'s range would become an infinity (or worse) when converted.
+      SPECDEC_CHECK(
+          !std::isfinite(d) || std::fabs(d) <= static_cast<double>(std::numeric_limits<T>::max()),
+          bad_file, where_, ": metadata '", key_, "' value ", d, " is out of the range of ",
+          expected_name<T>());
+      return static_cast<T>(d);
     } else {
       static_assert(detail::gguf_integer<T>, "unsupported metadata value type");
       check_type(detail::is_integer(t), "integer");
@@ -632,6 +639,15 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
   return v->as<std::int32_t>();
 }
 
+//! Reads a metadata float as a hyper-parameter (`fallback` when absent) and checks it as
+//! `llama_config::validate` does, naming the key: finite, positive and below `max`.
+inline float gguf_hyperparameter(gguf_file const& f, std::string const& key, float fallback,
+                                 float max) {
+  float const v = f.get<float>(key).value_or(fallback);
+  llama_config::check_hyperparameter(v, max, f.where(), "metadata '" + key + "'");
+  return v;
+}
+
 }  // namespace detail
 
 //! Builds `llama_weights` from a parsed GGUF of architecture "llama" (llama.* hyper-parameters;
@@ -656,8 +672,10 @@ inline std::int32_t gguf_param(gguf_file const& f, std::string const& key,
   c.n_heads = detail::gguf_param(f, "llama.attention.head_count");
   c.n_kv_heads = detail::gguf_param(f, "llama.attention.head_count_kv", c.n_heads);
   c.seq_len = detail::gguf_param(f, "llama.context_length");
-  c.rope_theta = f.get<float>("llama.rope.freq_base").value_or(10000.0f);
-  c.rms_eps = f.get<float>("llama.attention.layer_norm_rms_epsilon").value_or(1e-5f);
+  c.rope_theta = detail::gguf_hyperparameter(f, "llama.rope.freq_base", 10000.0f,
+                                             llama_config::max_rope_theta);
+  c.rms_eps = detail::gguf_hyperparameter(f, "llama.attention.layer_norm_rms_epsilon", 1e-5f,
+                                          llama_config::max_rms_eps);
   SPECDEC_CHECK(detail::gguf_param(f, "llama.expert_count", 0) == 0, unsupported, w,
                 ": mixture-of-experts models are not supported");
   if (auto const scaling = f.get<std::string_view>("llama.rope.scaling.type")) {

@@ -3,9 +3,11 @@
 //! The Llama architecture's hyper-parameters and a read-only view of its float32 weights, as the
 //! model readers (llama2.c, GGUF) produce them and the backends consume them.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "specdec/core/error.hpp"
@@ -29,7 +31,8 @@ struct llama_config {
   [[nodiscard]] std::int32_t kv_dim() const noexcept { return n_kv_heads * head_size(); }
 
   //! Throws `errc::bad_file` (with `where`, e.g. the file name) unless the sizes are positive,
-  //! consistent (heads divide dim, kv heads divide heads, even head size) and not absurd.
+  //! consistent (heads divide dim, kv heads divide heads, even head size) and not absurd, and
+  //! rope_theta and rms_eps finite and in range (`check_hyperparameter`).
   void validate(char const* where) const {
     auto const positive = [&](std::int32_t v, char const* name) {
       SPECDEC_CHECK(v > 0, bad_file, where, ": ", name, " is ", v, ", must be positive");
@@ -53,8 +56,21 @@ struct llama_config {
                   n_heads, " is not a multiple of n_kv_heads ", n_kv_heads);
     SPECDEC_CHECK(head_size() % 2 == 0, bad_file, where, ": head size ", head_size(),
                   " is odd (RoPE rotates pairs)");
-    SPECDEC_CHECK(rope_theta > 0.0f && rms_eps > 0.0f, bad_file, where,
-                  ": rope_theta and rms_eps must be positive");
+    check_hyperparameter(rope_theta, max_rope_theta, where, "rope_theta");
+    check_hyperparameter(rms_eps, max_rms_eps, where, "rms_eps");
+  }
+
+  //! The RoPE base and the RMSNorm epsilon accepted: finite, positive and below these (real
+  //! models use bases up to about 1e8 and epsilons of 1e-6 to 1e-5).
+  static constexpr float max_rope_theta = 1e12f;
+  static constexpr float max_rms_eps = 1.0f;
+
+  //! Throws `errc::bad_file` naming `key` (and `where`) unless 0 < `value` < `max` (NaN and the
+  //! infinities fail too: a model with them runs but produces nothing but one token).
+  static void check_hyperparameter(float value, float max, std::string_view where,
+                                   std::string_view key) {
+    SPECDEC_CHECK(std::isfinite(value) && value > 0.0f && value < max, bad_file, where, ": ", key,
+                  " is ", value, ", must be a finite number in (0, ", max, ")");
   }
 
   //! Number of float parameters (classifier counted once when shared).
