@@ -428,4 +428,16 @@ TEST_CASE("corrupted EAGLE head files and configs are refused or run" * doctest:
   MESSAGE("config variants: ", errors, " refused, ", loads, " loaded and run");
   CHECK(errors > 0);
   CHECK(loads > 0);
+
+  // A head read into memory (--no-mmap) runs after its file is truncated; a mapped one would
+  // end the process with SIGBUS at the next use of a weight past the new end.
+  fs::path const copy = dir.path() / "eagle3";
+  fs::create_directories(copy);
+  fs::copy_file(src / eagle_config_file, copy / eagle_config_file);
+  fs::copy_file(src / eagle_weights_file, copy / eagle_weights_file);
+  eagle_weights w = load_eagle_head(copy, target, file_access::read);
+  fs::resize_file(copy / eagle_weights_file, 8);
+  run(std::move(w));
+  check_error([&] { (void)load_eagle_head(copy, target, file_access::read); }, errc::bad_file,
+              "model.safetensors");
 }

@@ -526,6 +526,47 @@ TEST_CASE("heads: corrupted head files and configs give specdec::error or load, 
   }
 }
 
+// --no-mmap: heads read into memory do not depend on their files any more. A mapped file that is
+// truncated kills the process (SIGBUS) at the next use of a weight past its new end.
+TEST_CASE("heads: heads read into memory survive the truncation of their files") {
+  test_support::temp_dir dir;
+  auto const copy = [&](fs::path const& from, char const* sub) {
+    fs::path const to = dir.path() / sub;
+    fs::create_directories(to);
+    for (char const* name : {heads_config_file, medusa_heads_file, hydra_heads_file})
+      if (fs::exists(from / name)) fs::copy_file(from / name, to / name);
+    return to;
+  };
+  fs::path const m = copy(medusa_dir(), "medusa");
+  fs::path const h = copy(hydra_dir(), "hydra");
+  medusa_weights const mw = load_medusa_heads(m, target(), file_access::read);
+  hydra_weights const hw = load_hydra_heads(h, target(), file_access::read);
+  fs::resize_file(m / medusa_heads_file, 8);
+  fs::resize_file(h / hydra_heads_file, 8);
+  auto const sum = [](float const* p, std::size_t n) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(p[i]);
+    return s;
+  };
+  std::size_t const d = mw.dim, v = mw.vocab;
+  double total = 0.0;
+  for (auto const& head : mw.heads) {
+    for (auto const& b : head.blocks) total += sum(b.weight, d * d) + sum(b.bias, d);
+    total += sum(head.lm_head, v * d);
+  }
+  for (std::size_t i = 0; i < hw.heads.size(); ++i) {
+    auto const& head = hw.heads[i];
+    total += sum(head.in_weight, d * hw.input_width(i)) + sum(head.in_bias, d) +
+             sum(head.res_weight, d * hw.input_width(i)) + sum(head.res_bias, d) +
+             sum(head.lm_head, v * d) + sum(head.lm_bias, v);
+    for (auto const& b : head.blocks) total += sum(b.weight, d * d) + sum(b.bias, d);
+  }
+  CHECK(std::isfinite(total));
+  // The truncated files themselves are refused, as any truncated file.
+  check_error([&] { (void)load_medusa_heads(m, target(), file_access::read); }, errc::bad_file,
+              "medusa_lm_head.safetensors");
+}
+
 TEST_CASE("heads: random heads of any shape, deterministic in the seed") {
   medusa_weights const a = make_random_medusa_heads(20, 37, 3, 2, 7, 0.2f);
   medusa_weights const b = make_random_medusa_heads(20, 37, 3, 2, 7, 0.2f);

@@ -8,11 +8,13 @@
 
 #ifdef SPECDEC_GENERATE_PATH
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +23,7 @@
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/random.hpp"
+#include "support/files.hpp"
 #include "support/llama_shapes.hpp"
 #include "tools/fixture.hpp"
 #include "tools/generate.hpp"
@@ -156,6 +159,55 @@ TEST_CASE("generate: --no-mmap reads the model files into memory, with the same 
   json const j =
       gen_json(once({"--no-mmap", "--strategy", "draft", "--draft", model(), "-n", "24"}));
   CHECK(tokens_of(j) == reference_continuation(24));
+}
+
+// --no-mmap reads every file used while generating into memory, the heads and the datastore as
+// well as the models: truncating one while the program runs does not end it (a mapped file would,
+// with SIGBUS at the next use of its bytes).
+TEST_CASE("generate: --no-mmap reads head and datastore files too; truncating them is harmless") {
+  test_support::temp_dir dir;
+  auto const copy_dir = [&](fs::path const& from, char const* name) {
+    fs::path const to = dir.path() / name;
+    fs::create_directories(to);
+    for (auto const& entry : fs::directory_iterator(from))
+      if (entry.is_regular_file()) fs::copy_file(entry.path(), to / entry.path().filename());
+    return to;
+  };
+  fs::path const medusa =
+      copy_dir(test_support::source_file("tools/heads/medusa/config.json").parent_path(), "medusa");
+  fs::path const eagle =
+      copy_dir(test_support::source_file("tools/eagle/eagle3/config.json").parent_path(), "eagle");
+  fs::path const datastore = dir.path() / "stories.sdrest";
+  fs::copy_file(stories_datastore(), datastore);
+  struct use {
+    char const* strategy;
+    char const* flag;
+    fs::path path;  // what the flag names
+    fs::path file;  // the file truncated
+  };
+  for (use const& u : {use{"medusa", "--heads", medusa, medusa / "medusa_lm_head.safetensors"},
+                       use{"eagle", "--eagle", eagle, eagle / "model.safetensors"},
+                       use{"rest", "--datastore", datastore, datastore}}) {
+    CAPTURE(u.strategy);
+    // Long enough to be running still when the file is cut: the streamed text comes with the
+    // warm-up run, then --repeat runs the request again.
+    tools_test::started_process const p = tools_test::start_process(
+        program(), {"--model", model(), "--tokenizer", vocab(), "--prompt", "Once upon a time",
+                    "--strategy", u.strategy, u.flag, u.path.string(), "--no-mmap", "--ignore-eos",
+                    "-n", "400", "--repeat", "40"});
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (fs::file_size(p.out_path) == 0 && tools_test::still_running(p) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    fs::resize_file(u.file, 8);
+    bool const cut_while_running = tools_test::still_running(p);
+    process_result const r = tools_test::finish_process(p);
+    INFO("stderr: " << r.err);
+    CHECK(cut_while_running);
+    CHECK(r.signal == 0);
+    CHECK(r.status == 0);
+    CHECK(r.out.rfind("Once upon a time", 0) == 0);
+  }
 }
 
 TEST_CASE("generate: messages say what is wrong") {

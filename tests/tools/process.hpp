@@ -24,6 +24,7 @@ namespace tools_test {
 //! What a finished process left behind.
 struct process_result {
   int status = -1;       //!< exit status, or -1 when it did not exit normally
+  int signal = 0;        //!< the signal that ended it, or 0
   std::string out;       //!< everything written to stdout
   std::string err;       //!< everything written to stderr
   long max_rss_kib = 0;  //!< the largest resident memory it (or a child it waited for) reached
@@ -60,13 +61,24 @@ inline void write_file(std::filesystem::path const& path, std::string const& con
   out << content;
 }
 
-//! Runs `program` with `args` and waits for it; `env` entries ("NAME=value") are added to the
-//! environment.
-inline process_result run_process(std::string const& program, std::vector<std::string> const& args,
-                                  std::vector<std::string> const& env = {}) {
+//! A process started by `start_process`, not yet waited for.
+struct started_process {
+  pid_t pid = 0;
+  std::string out_path;  //!< where its stdout goes
+  std::string err_path;  //!< where its stderr goes
+  std::chrono::steady_clock::time_point start;
+};
+
+//! Starts `program` with `args` (stdout and stderr to files); `env` entries ("NAME=value") are
+//! added to the environment. `finish_process` waits for it.
+inline started_process start_process(std::string const& program,
+                                     std::vector<std::string> const& args,
+                                     std::vector<std::string> const& env = {}) {
   static int counter = 0;
   std::string const stem = (scratch_dir() / ("run" + std::to_string(counter++))).string();
-  std::string const out_path = stem + ".out", err_path = stem + ".err";
+  started_process p;
+  p.out_path = stem + ".out";
+  p.err_path = stem + ".err";
 
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(program.c_str()));
@@ -75,32 +87,51 @@ inline process_result run_process(std::string const& program, std::vector<std::s
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+  posix_spawn_file_actions_addopen(&actions, 1, p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+  posix_spawn_file_actions_addopen(&actions, 2, p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
   for (auto const& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
-  auto const start = std::chrono::steady_clock::now();
-  pid_t pid = 0;
-  int const rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+  p.start = std::chrono::steady_clock::now();
+  int const rc = posix_spawn(&p.pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   REQUIRE_MESSAGE(rc == 0, "cannot start " << program);
+  return p;
+}
+
+//! Whether `p` is still running (it is not waited for).
+inline bool still_running(started_process const& p) {
+  siginfo_t info{};
+  REQUIRE(::waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0);
+  return info.si_pid == 0;
+}
+
+//! Waits for `p` and collects what it left behind.
+inline process_result finish_process(started_process const& p) {
   int wstatus = 0;
   struct rusage usage {};
-  REQUIRE(::wait4(pid, &wstatus, 0, &usage) == pid);
+  REQUIRE(::wait4(p.pid, &wstatus, 0, &usage) == p.pid);
   process_result r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   r.max_rss_kib = usage.ru_maxrss;
   r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
-  r.out = read_file(out_path);
-  r.err = read_file(err_path);
-  std::filesystem::remove(out_path);
-  std::filesystem::remove(err_path);
+  r.signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
+  r.out = read_file(p.out_path);
+  r.err = read_file(p.err_path);
+  std::filesystem::remove(p.out_path);
+  std::filesystem::remove(p.err_path);
   return r;
+}
+
+//! Runs `program` with `args` and waits for it; `env` entries ("NAME=value") are added to the
+//! environment.
+inline process_result run_process(std::string const& program, std::vector<std::string> const& args,
+                                  std::vector<std::string> const& env = {}) {
+  return finish_process(start_process(program, args, env));
 }
 
 }  // namespace tools_test

@@ -450,11 +450,14 @@ inline void interleave_rope_rows(float const* w, std::size_t heads, std::size_t 
   return w;
 }
 
-//! Loads the EAGLE head in the directory `dir` (config.json + model.safetensors) for `target`.
+//! Loads the EAGLE head in the directory `dir` (config.json + model.safetensors) for `target`,
+//! the weights file mapped, or read into memory with `file_access::read` (mapped_file.hpp: a
+//! mapped file must not change while the head is used).
 [[nodiscard]] inline eagle_weights load_eagle_head(std::filesystem::path const& dir,
-                                                   std::shared_ptr<llama_weights const> target) {
+                                                   std::shared_ptr<llama_weights const> target,
+                                                   file_access access = file_access::map) {
   eagle_config const c = read_eagle_config(dir / eagle_config_file);
-  return load_eagle_head(safetensors_file(dir / eagle_weights_file), c, std::move(target));
+  return load_eagle_head(safetensors_file(dir / eagle_weights_file, access), c, std::move(target));
 }
 
 //! An EAGLE head of random weights for `target` (benchmarks at real shapes, tests of shapes no

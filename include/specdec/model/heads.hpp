@@ -9,8 +9,8 @@
 //! The loaders check every tensor against the config and the TARGET's dim and vocabulary: a
 //! missing tensor, a tensor no head uses, a shape that disagrees, a config value of the wrong
 //! type or out of its range all throw `specdec::error` naming the tensor (or the field) and the
-//! file. F32 tensors are used in place in the file's memory map; F16 and BF16 ones are converted
-//! to float32 once.
+//! file. F32 tensors are used in place in the file's memory map (or in its copy, when the file
+//! was read into memory: `file_access::read`); F16 and BF16 ones are converted to float32 once.
 //!
 //! Medusa-1 head i (K heads, L residual blocks each), on the target's final hidden state h:
 //! x = h; x = x + SiLU(W_il x + b_il) for l < L; logits_i = U_i x. Tensors `{i}.{l}.linear.weight`
@@ -193,7 +193,7 @@ class head_tensor_loader {
                   "' requested twice");
   }
 
-  // Used in place: F32 at a float-aligned address inside a map this file owns.
+  // Used in place: F32 at a float-aligned address inside a map (or copy) this file owns.
   [[nodiscard]] bool in_place(safetensors_tensor const& t) const noexcept {
     return file_.file() != nullptr && t.dtype == safetensors_dtype::f32 &&
            reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0;
@@ -366,11 +366,13 @@ template <class W, class Config>
 }
 
 //! Loads Medusa heads from the directory `dir` (config.json + medusa_lm_head.safetensors) for the
-//! target `target` (see the other overload).
+//! target `target` (see the other overload). The heads file is mapped, or read into memory with
+//! `file_access::read` (mapped_file.hpp: a mapped file must not change while the heads are used).
 [[nodiscard]] inline medusa_weights load_medusa_heads(std::filesystem::path const& dir,
-                                                      llama_config const& target) {
+                                                      llama_config const& target,
+                                                      file_access access = file_access::map) {
   medusa_config const c = read_medusa_config(dir / heads_config_file);
-  return load_medusa_heads(safetensors_file(dir / medusa_heads_file), c,
+  return load_medusa_heads(safetensors_file(dir / medusa_heads_file, access), c,
                            static_cast<std::size_t>(target.dim),
                            static_cast<std::size_t>(target.vocab_size));
 }
@@ -409,11 +411,13 @@ template <class W, class Config>
   return w;
 }
 
-//! Loads Hydra heads from the directory `dir` (config.json + hydra_lm_head.safetensors).
+//! Loads Hydra heads from the directory `dir` (config.json + hydra_lm_head.safetensors), the heads
+//! file mapped or read as `access` says (see `load_medusa_heads`).
 [[nodiscard]] inline hydra_weights load_hydra_heads(std::filesystem::path const& dir,
-                                                    llama_config const& target) {
+                                                    llama_config const& target,
+                                                    file_access access = file_access::map) {
   hydra_config const c = read_hydra_config(dir / heads_config_file);
-  return load_hydra_heads(safetensors_file(dir / hydra_heads_file), c,
+  return load_hydra_heads(safetensors_file(dir / hydra_heads_file, access), c,
                           static_cast<std::size_t>(target.dim),
                           static_cast<std::size_t>(target.vocab_size));
 }

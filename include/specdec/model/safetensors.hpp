@@ -36,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -230,13 +231,20 @@ class checked_json_builder {
   return std::move(builder.value);
 }
 
-//! The whole file at `path` as text (a JSON config or tree file). Throws `errc::io` when it cannot
-//! be read and `errc::bad_file` when it exceeds `limit` bytes.
+//! The whole file at `path` as text (a JSON config or tree file), read (never mapped: a file
+//! truncated while it is copied must not end the process). Throws `errc::io` when it cannot be
+//! read and `errc::bad_file` when it exceeds `limit` bytes.
 [[nodiscard]] inline std::string read_text_file(std::filesystem::path const& path,
                                                 std::size_t limit = std::size_t{1} << 24) {
-  auto const map = mapped_file::open(path);
-  SPECDEC_CHECK(map->size() <= limit, bad_file, path.string(), ": ", map->size(),
-                " bytes, more than the ", limit, " a JSON file of this kind may have");
+  auto const too_big = [&](std::uintmax_t size) {
+    SPECDEC_THROW(bad_file, path.string(), ": ", size, " bytes, more than the ", limit,
+                  " a JSON file of this kind may have");
+  };
+  std::error_code ec;  // when the size is unknown, opening the file says why
+  if (std::uintmax_t const size = std::filesystem::file_size(path, ec); !ec && size > limit)
+    too_big(size);
+  auto const map = mapped_file::open(path, file_access::read);
+  if (map->size() > limit) too_big(map->size());
   return std::string(reinterpret_cast<char const*>(map->data()), map->size());
 }
 
@@ -277,10 +285,12 @@ struct safetensors_tensor {
 //! was given (a memory map it owns, or a span the caller keeps alive) and points into them.
 class safetensors_file {
  public:
-  //! Maps and parses the file at `path`. Throws `errc::io` when it cannot be mapped and
-  //! `errc::bad_file` (naming the file and the tensor or field) for any malformed content.
-  explicit safetensors_file(std::filesystem::path const& path)
-      : map_(mapped_file::open(path)), where_(path.string()) {
+  //! Maps (or, with `file_access::read`, reads into memory) and parses the file at `path`; see
+  //! mapped_file.hpp for what mapping implies. Throws `errc::io` when it cannot be mapped or read
+  //! and `errc::bad_file` (naming the file and the tensor or field) for any malformed content.
+  explicit safetensors_file(std::filesystem::path const& path,
+                            file_access access = file_access::map)
+      : map_(mapped_file::open(path, access)), where_(path.string()) {
     parse(map_->bytes());
   }
 
@@ -291,7 +301,8 @@ class safetensors_file {
 
   //! The file name (or the name given with the bytes), for messages.
   [[nodiscard]] std::string const& where() const noexcept { return where_; }
-  //! The memory map, when this object mapped the file (null for a span).
+  //! The file's bytes (a memory map or a copy), when this object opened the file (null for a
+  //! span).
   [[nodiscard]] std::shared_ptr<mapped_file const> const& file() const noexcept { return map_; }
   //! Every tensor, in the order of their data (ascending offsets).
   [[nodiscard]] std::span<safetensors_tensor const> tensors() const noexcept { return tensors_; }

@@ -100,7 +100,8 @@ class tokenizer {
   //! `errc::bad_file` (naming the file, the token and the numbers).
   [[nodiscard]] static tokenizer load_llama2c(std::filesystem::path const& path,
                                               std::int32_t vocab_size = -1) {
-    auto const map = mapped_file::open(path);
+    // Read, not mapped: the file is small and parsed at once.
+    auto const map = mapped_file::open(path, file_access::read);
     detail::byte_reader r(map->bytes(), path.string());
     auto const max_len = r.read<std::int32_t>("max_token_length");
     SPECDEC_CHECK(max_len >= 0, bad_file, path.string(), ": max_token_length ", max_len,

@@ -2,9 +2,9 @@
 //! \file
 //! `rest_datastore`: the retrieval datastore of REST (He et al. 2023): a token corpus and its
 //! suffix array, built in O(n) by SA-IS, saved to a versioned, checksummed file and memory-mapped
-//! when loaded; and the query REST needs, the longest suffix of a context that occurs in the
-//! corpus, by binary search over the suffix array. One topic (the datastore: its construction,
-//! file format and query) needs more than 600 lines here.
+//! (or read into memory) when loaded; and the query REST needs, the longest suffix of a context
+//! that occurs in the corpus, by binary search over the suffix array. One topic (the datastore: its
+//! construction, file format and query) needs more than 600 lines here.
 //!
 //! Corpus. Documents of token ids (any id in [0, vocab), 32 bits) are concatenated, each followed
 //! by `rest_datastore::separator` (0xFFFFFFFF, which is no token id), so that no match or
@@ -297,8 +297,8 @@ struct rest_match {
 };
 
 //! A token corpus with its suffix array (see the file comment). Built in memory by `build` /
-//! `rest_datastore_builder`, written by `save`, memory-mapped by `load`. Immutable and safe to
-//! query from any number of threads. Move-only.
+//! `rest_datastore_builder`, written by `save`, memory-mapped (or read) by `load`. Immutable and
+//! safe to query from any number of threads. Move-only.
 class rest_datastore {
  public:
   //! The value that ends each document in the corpus (no token id has it).
@@ -351,14 +351,16 @@ class rest_datastore {
     return ds;
   }
 
-  //! Memory-maps the datastore file at `path` and checks it (see the file comment). Throws
+  //! Memory-maps the datastore file at `path` (or reads it into memory: `access`; see
+  //! model/mapped_file.hpp for what mapping implies) and checks it (see the file comment). Throws
   //! `errc::io` when it cannot be read, `errc::bad_file` when it is truncated, corrupt or not a
   //! datastore, `errc::unsupported` for another format version or a big-endian host. With
   //! `verify_checksum` false the payload checksum is not computed (the bounds checks still run).
   [[nodiscard]] static rest_datastore load(std::filesystem::path const& path,
-                                           bool verify_checksum = true) {
+                                           bool verify_checksum = true,
+                                           file_access access = file_access::map) {
     check_little_endian();
-    auto file = mapped_file::open(path);
+    auto file = mapped_file::open(path, access);
     std::string const where = "rest_datastore: '" + path.string() + "'";
     std::span<std::byte const> const bytes = file->bytes();
     SPECDEC_CHECK(bytes.size() >= header_size, bad_file, where, ": ", bytes.size(),
@@ -474,8 +476,11 @@ class rest_datastore {
   [[nodiscard]] std::size_t size() const noexcept { return corpus_.size(); }
   //! Number of documents.
   [[nodiscard]] std::size_t num_documents() const noexcept { return documents_; }
-  //! Whether the data lives in a memory-mapped file.
-  [[nodiscard]] bool is_mapped() const noexcept { return file_ != nullptr; }
+  //! Whether the data lives in a memory-mapped file (not when built, nor when loaded with
+  //! `file_access::read`).
+  [[nodiscard]] bool is_mapped() const noexcept {
+    return file_ != nullptr && file_->access() == file_access::map;
+  }
   //! The corpus, [size()] token ids and separators.
   [[nodiscard]] std::span<std::uint32_t const> corpus() const noexcept { return corpus_; }
   //! The suffix array, [size()] corpus positions.
