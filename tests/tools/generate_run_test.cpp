@@ -8,6 +8,7 @@
 
 #ifdef SPECDEC_GENERATE_PATH
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/test_util.hpp"
+#include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/random.hpp"
@@ -208,6 +210,24 @@ TEST_CASE("generate: --no-mmap reads head and datastore files too; truncating th
     CHECK(r.status == 0);
     CHECK(r.out.rfind("Once upon a time", 0) == 0);
   }
+}
+
+// More threads than cores: a warning, and a run that still ends in time (an oversubscribed pool
+// sleeps rather than spins).
+TEST_CASE("generate: --threads beyond the cores available warns") {
+  std::size_t const cores = specdec::available_cores();
+  std::string const many = std::to_string(std::min<std::size_t>(1024, 4 * cores + 4));
+  process_result const r = gen(once({"--threads", many, "-n", "24", "--json"}));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.err.find("specdec-generate: warning: --threads " + many + " exceeds the " +
+                   std::to_string(cores) + " cores available") != std::string::npos);
+  CHECK(tokens_of(parse_json(r.out)) == reference_continuation(24));
+  MESSAGE("--threads ", many, " on ", cores, " cores: ", r.seconds, " s");
+  // Within the cores: no warning.
+  process_result const within = gen(once({"--threads", std::to_string(cores), "-n", "4"}));
+  CHECK(within.status == 0);
+  CHECK(within.err.find("warning") == std::string::npos);
 }
 
 TEST_CASE("generate: messages say what is wrong") {

@@ -3,7 +3,10 @@
 //! `thread_pool`: a small persistent pool that runs one function on every thread (the caller
 //! included) and waits for all of them: the fork-join step of the CPU backend's parallel matrix
 //! products. Workers spin briefly between jobs (a decode step is a few dozen short jobs), then
-//! sleep on an atomic wait so an idle pool costs nothing.
+//! sleep on an atomic wait so an idle pool costs nothing. A pool of more threads than the cores
+//! available (`available_cores`) never spins: its spinning threads would take the cores the
+//! working ones need (a pool of 1024 threads on 2 cores ran a hundred times slower spinning), so
+//! its workers and its caller sleep at once.
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +19,10 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "specdec/core/error.hpp"
 
@@ -36,6 +43,19 @@ inline void cpu_relax() noexcept {
 }
 }  // namespace detail
 
+//! The cores this process may run on: its CPU affinity mask where the system has one (Linux),
+//! else `std::thread::hardware_concurrency()`; at least 1.
+[[nodiscard]] inline std::size_t available_cores() noexcept {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return static_cast<std::size_t>(CPU_COUNT(&set));
+#endif
+  unsigned const n = std::thread::hardware_concurrency();
+  return n > 0 ? n : 1;
+}
+
 //! A fixed set of threads that run jobs fork-join style: `run(f)` calls `f(t)` for t in
 //! [0, size()) -- t = 0 on the calling thread, the others on the workers -- and returns when all
 //! calls have returned. One job at a time: concurrent `run` calls from different threads take
@@ -48,6 +68,7 @@ class thread_pool {
     SPECDEC_CHECK(threads >= 1 && threads <= 1024, invalid_argument, "thread_pool: ", threads,
                   " threads, need 1 to 1024");
     size_ = threads;
+    shared_->spin = threads <= available_cores();
     workers_.reserve(threads - 1);
     try {
       for (std::size_t t = 1; t < threads; ++t)
@@ -65,6 +86,10 @@ class thread_pool {
 
   //! Threads in all, the caller included.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  //! Whether the threads spin briefly before they sleep when they wait (between jobs, and the
+  //! caller for the workers): only when the pool has no more threads than `available_cores()`.
+  [[nodiscard]] bool spins() const noexcept { return shared_->spin; }
 
   //! The process-wide pool of `threads` threads, created on first use and kept while some owner
   //! holds it. Models that run one after another from the same thread (a draft and its target)
@@ -95,14 +120,16 @@ class thread_pool {
     std::lock_guard<std::mutex> turn(s.run_mutex);
     s.job_fn = [](void* ctx, std::size_t t) noexcept { (*static_cast<fn_type*>(ctx))(t); };
     s.job_ctx = const_cast<void*>(static_cast<void const*>(&f));
-    s.pending.store(size_ - 1, std::memory_order_relaxed);
+    s.pending.store(static_cast<std::uint32_t>(size_ - 1), std::memory_order_relaxed);
     s.generation.fetch_add(1, std::memory_order_release);
     s.generation.notify_all();  // a no-op system-wise when no worker sleeps
     f(std::size_t{0});
-    // Wait for the workers: spin first, then yield.
+    // Wait for the workers: spin first (unless oversubscribed), then sleep until the last one
+    // is done (it notifies).
     spinner spin;
-    while (s.pending.load(std::memory_order_acquire) != 0) {
-      if (!spin()) std::this_thread::yield();
+    for (std::uint32_t left = s.pending.load(std::memory_order_acquire); left != 0;
+         left = s.pending.load(std::memory_order_acquire)) {
+      if (!s.spin || !spin()) s.pending.wait(left, std::memory_order_acquire);
     }
   }
 
@@ -141,8 +168,9 @@ class thread_pool {
 
   struct shared_state {
     alignas(64) std::atomic<std::uint32_t> generation{0};
-    alignas(64) std::atomic<std::size_t> pending{0};
+    alignas(64) std::atomic<std::uint32_t> pending{0};
     alignas(64) std::atomic<bool> stopping{false};
+    bool spin = true;      // whether waits spin before they sleep (set before any worker starts)
     std::mutex run_mutex;  // one job at a time
     void (*job_fn)(void*, std::size_t) noexcept = nullptr;
     void* job_ctx = nullptr;
@@ -154,13 +182,14 @@ class thread_pool {
       std::uint32_t gen = s.generation.load(std::memory_order_acquire);
       spinner spin;
       while (gen == seen) {
-        if (!spin()) s.generation.wait(seen, std::memory_order_acquire);
+        if (!s.spin || !spin()) s.generation.wait(seen, std::memory_order_acquire);
         gen = s.generation.load(std::memory_order_acquire);
       }
       seen = gen;
       if (s.stopping.load(std::memory_order_acquire)) return;
       s.job_fn(s.job_ctx, t);
-      s.pending.fetch_sub(1, std::memory_order_acq_rel);
+      // The last worker wakes the caller when it sleeps (a no-op system-wise otherwise).
+      if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) s.pending.notify_one();
     }
   }
 
