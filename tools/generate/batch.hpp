@@ -320,19 +320,24 @@ inline int run_batch(batch_session const& s) {
   bool const adaptive = v.text(opt::speculate).value_or("full") == "adaptive";
   // Each request with this strategy's proposer; deterministic candidates are verified greedily at
   // temperature 0, else by the tree verifier (or typical acceptance when asked).
-  auto const with_verifier = [&](auto& proposer, std::string const& description) {
-    auto const with_speculation = [&](auto verifier, std::string const& name) {
+  // Serves with `verifier` (typical acceptance instead when asked) under the chosen speculation
+  // policy.
+  auto const with_speculation = [&](auto& proposer, auto verifier, std::string const& description,
+                                    std::string const& name) {
+    auto const go = [&](auto chosen_verifier, std::string const& v_name) {
       if (adaptive)
-        return serve(s, prompts, encoded, refused, proposer, std::move(verifier),
-                     sd::adaptive_speculation{}, description, name);
-      return serve(s, prompts, encoded, refused, proposer, std::move(verifier),
-                   sd::fixed_speculation{}, description, name);
+        return serve(s, prompts, encoded, refused, proposer, std::move(chosen_verifier),
+                     sd::adaptive_speculation{}, description, v_name);
+      return serve(s, prompts, encoded, refused, proposer, std::move(chosen_verifier),
+                   sd::fixed_speculation{}, description, v_name);
     };
     if (s.typical)
-      return with_speculation(sd::typical_acceptance_verifier(*s.typical),
-                              "typical acceptance (lossy)");
-    if (greedy) return with_speculation(sd::greedy_verifier{}, "greedy");
-    return with_speculation(sd::tree_verifier{}, "tree (point masses)");
+      return go(sd::typical_acceptance_verifier(*s.typical), "typical acceptance (lossy)");
+    return go(std::move(verifier), name);
+  };
+  auto const with_verifier = [&](auto& proposer, std::string const& description) {
+    if (greedy) return with_speculation(proposer, sd::greedy_verifier{}, description, "greedy");
+    return with_speculation(proposer, sd::tree_verifier{}, description, "tree (point masses)");
   };
   if (s.chosen.name == "autoregressive") {
     sd::per_request_proposer<no_draft> proposer([] { return no_draft{}; });
@@ -385,20 +390,7 @@ inline int run_batch(batch_session const& s) {
     auto const with_mode = [&]<sd::draft_mode M>() {
       sd::batched_draft_model_proposer<sd::cpu_batched_llama, sd::sampler, M> proposer(
           draft, vocab, sd::sampler(s.params), chain);
-      if (s.typical) {
-        if (adaptive)
-          return serve(s, prompts, encoded, refused, proposer,
-                       sd::typical_acceptance_verifier(*s.typical), sd::adaptive_speculation{},
-                       description, "typical acceptance (lossy)");
-        return serve(s, prompts, encoded, refused, proposer,
-                     sd::typical_acceptance_verifier(*s.typical), sd::fixed_speculation{},
-                     description, "typical acceptance (lossy)");
-      }
-      if (adaptive)
-        return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
-                     sd::adaptive_speculation{}, description, chain_verifier_name<M>);
-      return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
-                   sd::fixed_speculation{}, description, chain_verifier_name<M>);
+      return with_speculation(proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
     };
     if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
     return with_mode.template operator()<sd::draft_mode::sample>();
@@ -415,9 +407,8 @@ inline int run_batch(batch_session const& s) {
   if (s.chosen.name == "jacobi") {
     sd::jacobi_config const c = jacobi_config_of(v);
     sd::per_request_proposer<sd::jacobi_proposer> proposer([c] { return sd::jacobi_proposer(c); });
-    return serve(s, prompts, encoded, refused, proposer, sd::greedy_verifier{},
-                 sd::fixed_speculation{}, "Jacobi per request, k = " + std::to_string(c.block),
-                 "greedy");
+    return with_speculation(proposer, sd::greedy_verifier{},
+                            "Jacobi per request, k = " + std::to_string(c.block), "greedy");
   }
   if (s.chosen.name == "layer-skip") {
     // Each request drafts with its own layer-skipped instance of the target (same weights, a
@@ -431,15 +422,7 @@ inline int run_batch(batch_session const& s) {
         return proposer_type({.skip_layers = layers, .draft = chain}, sd::sampler(s.params),
                              s.weights, s.model_options);
       });
-      if (s.typical)
-        return serve(s, prompts, encoded, refused, proposer,
-                     sd::typical_acceptance_verifier(*s.typical), sd::fixed_speculation{},
-                     description, "typical acceptance (lossy)");
-      if (adaptive)
-        return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
-                     sd::adaptive_speculation{}, description, chain_verifier_name<M>);
-      return serve(s, prompts, encoded, refused, proposer, chain_verifier<M>{},
-                   sd::fixed_speculation{}, description, chain_verifier_name<M>);
+      return with_speculation(proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
     };
     if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
     return with_mode.template operator()<sd::draft_mode::sample>();
