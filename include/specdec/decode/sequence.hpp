@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! `sequence_step`: the speculative step of one sequence, phase by phase -- the one home of
-//! DESIGN.md's loop. `speculative_decoder` drives one sequence through it, `batch_decoder` many
+//! the speculative loop. `speculative_decoder` drives one sequence through it, `batch_decoder` many
 //! (their drafts scored in one forward), and an engine with its own scheduler can drive it too
 //! (examples/own_scheduler.cpp). The phases, in order, each step:
 //!

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
-//! `speculative_decoder`: the propose -> score -> verify -> commit loop of DESIGN.md section 1 for
-//! one sequence, generic over the target model, the proposer, the verifier and the sampling policy.
+//! `speculative_decoder`: the propose -> score -> verify -> commit loop for one sequence, generic
+//! over the target model, the proposer, the verifier and the sampling policy.
 //!
 //! One request (`generate`): the target scores prompt tokens x_1..x_{t-1} in one forward (logits
 //! for the last row only; hidden rows only when the proposer reads them) and the proposer starts
@@ -75,7 +75,8 @@ using step_result_t = typename step_result<Model, Proposer, Verifier, Policy>::t
 
 }  // namespace detail
 
-//! Speculative decoding of one sequence at a time: DESIGN.md's loop (see the file comment).
+//! Speculative decoding of one sequence at a time: the loop of `sequence_step` (see the file
+//! comment).
 //!
 //! \tparam Model    the target, a `causal_lm`; held by reference, its cache is reset per request.
 //! \tparam Proposer a `proposer`; held by reference. Its traits select what the loop does:
@@ -136,7 +137,7 @@ class speculative_decoder {
     return out;
   }
 
-  //! As above, into `out` (its buffers are reused). The loop of DESIGN.md section 1: `prefill`,
+  //! As above, into `out` (its buffers are reused). The loop: `prefill`,
   //! then per step `propose`, `score`, `verify` and `commit`, each phase timed back to back.
   void generate(std::span<token_id const> prompt, decode_result& out,
                 token_callback const& on_token = {}) {

@@ -32,7 +32,7 @@
 //! The candidates are deterministic (the head's top tokens, no randomness): point masses to the
 //! verifiers. `greedy_verifier` (or `tree_verifier`) gives output identical to greedy decoding;
 //! under sampling `tree_verifier` is lossless (each candidate is tried with probability p(c) and
-//! removed from p on rejection, DESIGN.md section 4), which is the rule the EAGLE-2 reference
+//! removed from p on rejection, docs/verification.md), which is the rule the EAGLE-2 reference
 //! applies to its top-k candidates. The proposer declares `needs_target_hidden`, and through
 //! `target_hidden_layers()` which features it reads: EAGLE-1 the final hidden state, EAGLE-3 the
 //! residual streams after the layers its config names (the decoder asks the target for them).

@@ -40,7 +40,9 @@ namespace specdec {
 
 //! Options of a `cpu_llama`.
 struct cpu_llama_options {
-  //! Threads for the matrix products and attention (the calling thread included).
+  //! Threads for the matrix products and attention (the calling thread included). Default 2; set
+  //! it to the cores the caller may use: with more threads than free cores (a busy machine,
+  //! workers sharing it) every forward is many times slower.
   std::size_t threads = 2;
   //! Positions the KV cache can hold and the largest position + 1 accepted; 0 = the model's
   //! seq_len. It may exceed seq_len (the context the model was trained on), where the output is
