@@ -307,8 +307,8 @@ TEST_CASE("safetensors: a header of 100,000 names is read in linear time") {
     check_error([&] { (void)parse(st_raw(many_names(n, tensors, true), data8)); }, errc::bad_file,
                 "the name '" + long_name(0) + "' appears twice");
     double const repeated = seconds_since(start);
-    MESSAGE(bytes.size(), " bytes of ", (tensors ? "tensors" : "metadata"), ": read in ", read,
-            " s, the repeated name found in ", repeated, " s; nlohmann/json parses it in ",
+    MESSAGE(bytes.size(), " bytes of ", std::string(tensors ? "tensors" : "metadata"), ": read in ",
+            read, " s, the repeated name found in ", repeated, " s; nlohmann/json parses it in ",
             parse_alone, " s");
     CHECK(read < 5.0 * parse_alone + 0.5);
     CHECK(repeated < 5.0 * parse_alone + 0.5);
