@@ -285,6 +285,25 @@ TEST_CASE("generate --prompts: a request that cannot run fails alone") {
   CHECK(r.out.find("2: -- failed: ") != std::string::npos);
 }
 
+// A batch whose caches, trees and rows cannot fit is refused before it runs, with the estimate:
+// 1,024 requests that may each grow to 900,000 positions need more than a terabyte.
+TEST_CASE("generate --prompts: a batch beyond the memory is refused up front") {
+  fs::path const many = tools_test::scratch_dir() / "prompts_1024.jsonl";
+  {
+    std::ofstream out(many, std::ios::trunc);
+    for (int i = 0; i < 1024; ++i) out << "{\"prompt\": \"Once upon a time\"}\n";
+  }
+  process_result const r =
+      gen({"--prompts", many.string(), "--batch", "1024", "--strategy", "rest", "--datastore",
+           stories_datastore(), "--max-nodes", "4095", "--context", "1000000", "-n", "900000"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 1);
+  CHECK(r.err.find("--prompts with --batch 1024 and 4095 draft nodes per request and step (an "
+                   "estimate) needs ") != std::string::npos);
+  CHECK(r.err.find("of memory is available") != std::string::npos);
+  CHECK(r.out.empty());
+}
+
 TEST_CASE("generate --prompts: command-line and file errors") {
   std::string const file = prompts_file(2);
   check_error({"--prompts", file, "--prompt", "x"}, 2, "not both");

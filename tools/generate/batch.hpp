@@ -29,6 +29,7 @@
 #include "specdec/backend/cpu/batched_llama.hpp"
 #include "specdec/decode/batch_decoder.hpp"
 #include "specdec/decode/speculation.hpp"
+#include "specdec/detail/memory.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/draft_model.hpp"
@@ -183,6 +184,30 @@ inline void print_batch_table(std::FILE* f, std::string const& description,
                              s.seconds)));
 }
 
+//! Refuses, before anything runs, a batch that would need more memory than there is: per request,
+//! its KV cache at the most positions it may use (its prompt, max_new_tokens and a draft, within
+//! the context) and, per step, a draft tree of `nodes` + 1 rows, each with its ancestor-mask row, a
+//! logits row of the target (and a q row when `sampled`) and the model's activations; `batch`
+//! requests at once, the longest prompt `longest_prompt`. Throws `errc::out_of_memory` with the
+//! estimate and what is available.
+inline void check_batch_memory(batch_session const& s, std::size_t batch, std::size_t nodes,
+                               bool sampled, std::size_t longest_prompt) {
+  sd::llama_config const& c = s.weights->config;
+  std::uint64_t const rows = nodes + 1;
+  std::uint64_t const vocab = static_cast<std::uint64_t>(c.vocab_size);
+  std::uint64_t const row_bytes =
+      sd::mask_words(rows) * 8 + vocab * 4 * (sampled ? 2 : 1) +
+      (4 * static_cast<std::uint64_t>(c.dim) + 2 * static_cast<std::uint64_t>(c.hidden_dim)) * 4;
+  std::uint64_t const positions = std::min<std::uint64_t>(
+      s.model_options.max_context, longest_prompt + s.config.max_new_tokens + rows);
+  std::uint64_t const kv_bytes = positions * static_cast<std::uint64_t>(c.n_layers) *
+                                 static_cast<std::uint64_t>(c.kv_dim()) * 2 * 4;
+  sd::detail::check_memory(static_cast<std::uint64_t>(batch) * (rows * row_bytes + kv_bytes),
+                           "specdec-generate",
+                           sd::detail::concat("--prompts with --batch ", batch, " and ", nodes,
+                                              " draft nodes per request and step (an estimate)"));
+}
+
 //! Serves `prompts` with `proposer`, `verifier` and `speculation` (see the file comment); returns
 //! the exit status: 0, or 1 when a request failed.
 //! A prompt that could not be encoded has an empty `encoded` entry and its error in `refused`:
@@ -198,6 +223,10 @@ int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
   std::size_t const batch =
       std::min<std::size_t>(static_cast<std::size_t>(v.count(opt::batch)), prompts.size());
   std::string const speculate = v.text(opt::speculate).value_or("full");
+  std::size_t longest = 0;
+  for (auto const& e : encoded) longest = std::max(longest, e.size());
+  check_batch_memory(s, batch, sd::node_budget(proposer, s.config), sd::samples_drafts_v<Proposer>,
+                     longest);
   sd::cpu_batched_llama model(s.weights, {.model = s.model_options, .max_slots = batch});
   sd::batch_decoder<sd::cpu_batched_llama, Proposer, Verifier, sd::sampler, Speculation> decoder(
       model, proposer, std::move(verifier), std::move(speculation));
