@@ -10,18 +10,22 @@
 //! between steps while the model has free slots (continuous batching); a finished, cancelled or
 //! failed request leaves at once and its slot serves the next one.
 //!
-//! One step (`step`):
+//! One step (`step`), each request's phases being those of its `sequence_step`
+//! (decode/sequence.hpp, shared with `speculative_decoder`):
 //! 1. cancelled requests leave; waiting requests are admitted (their prompt checked, a slot
 //!    acquired and its positions reserved, the proposer started);
-//! 2. each request's draft limit is computed as `speculative_decoder` computes its node budget
-//!    (the proposer's `max_nodes()` capped by the request's `max_draft_nodes`, the context, and for
-//!    chains the tokens still allowed); the `speculation_policy` chooses each request's draft
+//! 2. each request's draft limit (`sequence_step::draft_limit`: the node budget, the context, and
+//!    for chains the tokens still allowed); the `speculation_policy` chooses each request's draft
 //!    length within it (`fixed_speculation`: all of it; `adaptive_speculation`: what maximises
 //!    goodput);
-//! 3. propose: one `batch_proposer::propose` call for the whole batch;
+//! 3. propose: one `batch_proposer::propose` call for the whole batch, then each request's
+//!    auxiliary tokens for a proposer that has them (`auxiliary(slot, ctx, tree, aux)`);
 //! 4. score: one target forward over every request's segment -- its draft tree (root = its last
-//!    committed token, positions base + depth, the tree's mask), preceded on a request's first
-//!    step by its prompt x_1..x_{t-1} (its prefill rides in the same forward);
+//!    committed token, positions base + depth, the tree's mask) and auxiliary tokens, preceded on
+//!    a request's first step by its prompt x_1..x_{t-1} (its prefill rides in the same forward).
+//!    A proposer that reads the target's hidden rows, or adds auxiliary tokens, gets the prompt
+//!    scored alone in the request's first step instead, and drafts from its second; the forward
+//!    then asks for the hidden rows the proposer reads (`target_hidden_layers`);
 //! 5. verify each request with its own policy and Philox stream (per-request verifier calls: the
 //!    policies differ between requests, and the ragged entry points of verify/detail/batch.hpp take
 //!    one policy for the batch; they are per-sequence calls too, so nothing is lost);
