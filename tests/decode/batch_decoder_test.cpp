@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/jobs.hpp"
 #include "specdec/backend/cpu/batched_llama.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
@@ -47,20 +48,8 @@ sd::cpu_batched_llama batched_model(std::size_t slots, std::size_t context = 0) 
       {.model = {.threads = 1, .max_context = context}, .max_slots = slots});
 }
 
-sd::sampler policy_of(float temperature, float top_p = 1.0f, std::int32_t top_k = 0) {
-  sd::sampling_params p;
-  p.temperature = temperature;
-  p.top_p = top_p;
-  p.top_k = top_k;
-  return sd::sampler(p);
-}
-
-// One request of a test: its prompt, policy, configuration.
-struct job {
-  std::vector<sd::token_id> prompt;
-  sd::sampler policy;
-  sd::decode_config config;
-};
+using decode_test::job;
+using decode_test::policy_of;
 
 // `j` decoded alone: the speculative decoder with a prompt lookup tree proposer and the tree
 // verifier, or the autoregressive decoder when it drafts nothing.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "decode/one_thread.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
@@ -22,9 +23,7 @@ namespace sd = specdec;
 
 namespace {
 
-sd::cpu_llama_options one_thread() {
-  return {.threads = 1};
-}
+using decode_test::one_thread;
 
 // Runs greedy speculative decoding with `proposer` and checks it against `expected`.
 template <class Proposer, class Verifier>

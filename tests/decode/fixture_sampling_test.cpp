@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "decode/one_thread.hpp"
 #include "decode/sampling_check.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
@@ -36,9 +37,7 @@ using sampling_check::target_policy;
 using sampling_check::trials;
 using sampling_check::two_tokens;
 
-sd::cpu_llama_options one_thread() {
-  return {.threads = 1};
-}
+using decode_test::one_thread;
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/one_thread.hpp"
 #include "decode/sampling_check.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
@@ -28,9 +29,7 @@ namespace sd = specdec;
 
 namespace {
 
-sd::cpu_llama_options one_thread() {
-  return {.threads = 1};
-}
+using decode_test::one_thread;
 
 // Greedy decoding of every prompt with `proposer` and `verifier`: the tokens must equal the
 // baseline's; returns the summed statistics.

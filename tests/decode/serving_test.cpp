@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/jobs.hpp"
 #include "specdec/backend/cpu/batched_llama.hpp"
 #include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
@@ -46,19 +47,8 @@ static_assert(sd::batch_proposer<sd::per_request_proposer<owned_eagle>>);
 static_assert(sd::needs_target_hidden_v<sd::per_request_proposer<owned_eagle>>);
 static_assert(sd::has_auxiliary_tokens_v<sd::per_request_proposer<sd::lookahead_proposer>>);
 
-// One request: prompt, policy, configuration.
-struct job {
-  std::vector<sd::token_id> prompt;
-  sd::sampler policy;
-  sd::decode_config config;
-};
-
-sd::sampler policy_of(float temperature, float top_p = 1.0f) {
-  sd::sampling_params p;
-  p.temperature = temperature;
-  p.top_p = top_p;
-  return sd::sampler(p);
-}
+using decode_test::job;
+using decode_test::policy_of;
 
 // Seven requests over the fixture prompts: greedy when `sampled` is false, else temperatures and
 // top-p that differ per request, each with its own seed; lengths differ.

@@ -30,9 +30,11 @@
 #include "support/llama_shapes.hpp"
 
 using namespace specdec;
+using specdec::test::edited;
 using specdec::test::st_file;
 using specdec::test::st_floats;
 using specdec::test::st_tensor;
+using specdec::test::without;
 using test_support::check_error;
 namespace fs = std::filesystem;
 
@@ -185,18 +187,6 @@ void check_same(eagle_weights const& a, eagle_weights const& b, float tolerance)
   same(a.norm, b.norm, d, "norm");
   same(a.lm_head, b.lm_head, b.draft_vocab * d, "lm head");
   CHECK(a.embedding == b.embedding);
-}
-
-std::vector<st_tensor> without(std::vector<st_tensor> t, std::string const& name) {
-  std::erase_if(t, [&](st_tensor const& x) { return x.name == name; });
-  return t;
-}
-
-template <class F>
-std::vector<st_tensor> edited(std::vector<st_tensor> t, std::string const& name, F&& f) {
-  for (auto& x : t)
-    if (x.name == name) f(x);
-  return t;
 }
 
 }  // namespace

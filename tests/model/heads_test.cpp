@@ -28,10 +28,12 @@
 #include "support/fixture.hpp"
 
 using namespace specdec;
+using specdec::test::edited;
 using specdec::test::st_file;
 using specdec::test::st_floats;
 using specdec::test::st_tensor;
 using specdec::test::st_tensors;
+using specdec::test::without;
 using test_support::check_error;
 using test_support::expect_error;
 namespace fs = std::filesystem;
@@ -48,7 +50,7 @@ fs::path test_data(char const* name) {
   return test_support::source_file((std::string("tests/model/data/") + name).c_str()).parent_path();
 }
 
-llama_config const& target() {
+llama_config const& target_config() {
   return fixture::stories260k()->config;
 }
 
@@ -71,19 +73,6 @@ void check_checksums(safetensors_file const& file,
     CHECK(std::abs(sum - e.sum) <= 1e-9 * (1.0 + std::abs(e.sum)));
     CHECK(std::abs(weighted - e.weighted) <= 1e-9 * (1.0 + std::abs(e.weighted)));
   }
-}
-
-// Replaces the tensor `name` of `tensors` (every tensor if empty) by `f(tensor)`.
-template <class F>
-std::vector<st_tensor> edited(std::vector<st_tensor> tensors, std::string const& name, F&& f) {
-  for (auto& t : tensors)
-    if (t.name == name) f(t);
-  return tensors;
-}
-
-std::vector<st_tensor> without(std::vector<st_tensor> tensors, std::string const& name) {
-  std::erase_if(tensors, [&](st_tensor const& t) { return t.name == name; });
-  return tensors;
 }
 
 medusa_weights load_medusa_bytes(std::vector<std::byte> const& bytes, medusa_config const& c) {
@@ -114,7 +103,7 @@ TEST_CASE("heads: Medusa heads load for the fixture, every tensor where the name
   CHECK(c.hidden_size == 64);
   CHECK(c.vocab_size == 512);
   CHECK(c.base_model == "stories260K.bin");
-  medusa_weights const w = load_medusa_heads(medusa_dir(), target());
+  medusa_weights const w = load_medusa_heads(medusa_dir(), target_config());
   REQUIRE(w.heads.size() == 4);
   CHECK(w.dim == 64);
   CHECK(w.vocab == 512);
@@ -140,7 +129,7 @@ TEST_CASE("heads: Hydra heads load for the fixture, every tensor where the names
   CHECK(c.num_layers == 4);
   CHECK(c.head_arch == "mlp");
   CHECK(c.grounded_heads);
-  hydra_weights const w = load_hydra_heads(hydra_dir(), target());
+  hydra_weights const w = load_hydra_heads(hydra_dir(), target_config());
   REQUIRE(w.heads.size() == 4);
   safetensors_file const f(hydra_dir() / hydra_heads_file);
   auto const same = [&](std::string const& name, float const* p) {
@@ -165,8 +154,9 @@ TEST_CASE("heads: Hydra heads load for the fixture, every tensor where the names
 }
 
 TEST_CASE("heads: the F16 and BF16 conversions load as the F32 values rounded") {
-  medusa_weights const m32 = load_medusa_heads(medusa_dir(), target());
-  medusa_weights const m16 = load_medusa_heads(test_data("medusa_f16/config.json"), target());
+  medusa_weights const m32 = load_medusa_heads(medusa_dir(), target_config());
+  medusa_weights const m16 =
+      load_medusa_heads(test_data("medusa_f16/config.json"), target_config());
   auto const d = m32.dim, v = m32.vocab;
   std::size_t compared = 0;
   auto const check_half = [&](float const* a, float const* b, std::size_t n) {
@@ -182,8 +172,8 @@ TEST_CASE("heads: the F16 and BF16 conversions load as the F32 values rounded") 
   }
   CHECK(compared == 197632);  // every parameter of the Medusa heads
 
-  hydra_weights const h32 = load_hydra_heads(hydra_dir(), target());
-  hydra_weights const hbf = load_hydra_heads(test_data("hydra_bf16/config.json"), target());
+  hydra_weights const h32 = load_hydra_heads(hydra_dir(), target_config());
+  hydra_weights const hbf = load_hydra_heads(test_data("hydra_bf16/config.json"), target_config());
   compared = 0;
   auto const check_bf16 = [&](float const* a, float const* b, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i, ++compared)
@@ -291,9 +281,10 @@ TEST_CASE("heads: every loader error names the tensor and the file") {
   }
   SUBCASE("a directory without the files") {
     test_support::temp_dir dir;
-    check_error([&] { (void)load_medusa_heads(dir.path(), target()); }, errc::io, "config.json");
+    check_error([&] { (void)load_medusa_heads(dir.path(), target_config()); }, errc::io,
+                "config.json");
     fs::copy_file(medusa_dir() / heads_config_file, dir.file(heads_config_file));
-    check_error([&] { (void)load_medusa_heads(dir.path(), target()); }, errc::io,
+    check_error([&] { (void)load_medusa_heads(dir.path(), target_config()); }, errc::io,
                 medusa_heads_file);
   }
 }
@@ -539,8 +530,8 @@ TEST_CASE("heads: heads read into memory survive the truncation of their files")
   };
   fs::path const m = copy(medusa_dir(), "medusa");
   fs::path const h = copy(hydra_dir(), "hydra");
-  medusa_weights const mw = load_medusa_heads(m, target(), file_access::read);
-  hydra_weights const hw = load_hydra_heads(h, target(), file_access::read);
+  medusa_weights const mw = load_medusa_heads(m, target_config(), file_access::read);
+  hydra_weights const hw = load_hydra_heads(h, target_config(), file_access::read);
   fs::resize_file(m / medusa_heads_file, 8);
   fs::resize_file(h / hydra_heads_file, 8);
   auto const sum = [](float const* p, std::size_t n) {
@@ -563,8 +554,8 @@ TEST_CASE("heads: heads read into memory survive the truncation of their files")
   }
   CHECK(std::isfinite(total));
   // The truncated files themselves are refused, as any truncated file.
-  check_error([&] { (void)load_medusa_heads(m, target(), file_access::read); }, errc::bad_file,
-              "medusa_lm_head.safetensors");
+  check_error([&] { (void)load_medusa_heads(m, target_config(), file_access::read); },
+              errc::bad_file, "medusa_lm_head.safetensors");
 }
 
 TEST_CASE("heads: random heads of any shape, deterministic in the seed") {

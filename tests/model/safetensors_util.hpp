@@ -91,4 +91,18 @@ inline std::vector<st_tensor> st_tensors(safetensors_file const& file) {
   return out;
 }
 
+// `tensors` with `f` applied to the tensor named `name`.
+template <class F>
+std::vector<st_tensor> edited(std::vector<st_tensor> tensors, std::string const& name, F&& f) {
+  for (auto& t : tensors)
+    if (t.name == name) f(t);
+  return tensors;
+}
+
+// `tensors` without the tensor named `name`.
+inline std::vector<st_tensor> without(std::vector<st_tensor> tensors, std::string const& name) {
+  std::erase_if(tensors, [&](st_tensor const& t) { return t.name == name; });
+  return tensors;
+}
+
 }  // namespace specdec::test

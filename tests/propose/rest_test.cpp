@@ -20,7 +20,7 @@ namespace sd = specdec;
 
 namespace {
 
-constexpr std::uint32_t sep = sd::rest_datastore::separator;
+constexpr std::uint32_t separator = sd::rest_datastore::separator;
 
 static_assert(sd::proposer<sd::rest_proposer>);
 static_assert(sd::produces_trees_v<sd::rest_proposer>);
@@ -62,7 +62,7 @@ std::pair<std::vector<sd::token_id>, std::vector<sd::node_index>> brute_force(
   auto key = [&](std::uint32_t p) {
     std::vector<std::uint64_t> k;
     for (std::size_t i = p; i < corpus.size(); ++i)
-      k.push_back(corpus[i] == sep ? std::uint64_t{1} << 40 : corpus[i]);
+      k.push_back(corpus[i] == separator ? std::uint64_t{1} << 40 : corpus[i]);
     return k;
   };
   std::sort(occ.begin(), occ.end(),
@@ -75,7 +75,7 @@ std::pair<std::vector<sd::token_id>, std::vector<sd::node_index>> brute_force(
     path pref;
     for (std::size_t d = 0; d < c.depth; ++d) {
       std::size_t const at = occ[idx] + len + d;
-      if (at >= corpus.size() || corpus[at] == sep) break;
+      if (at >= corpus.size() || corpus[at] == separator) break;
       pref.push_back(static_cast<sd::token_id>(corpus[at]));
       ++counts[pref];
     }
@@ -105,13 +105,13 @@ std::vector<std::uint32_t> random_corpus(std::mt19937_64& rng, std::size_t n, st
   std::vector<std::uint32_t> c(n);
   std::geometric_distribution<std::size_t> geo(0.35);
   for (auto& v : c)
-    v = rng() % 41 == 0 ? sep : static_cast<std::uint32_t>(std::min(geo(rng), vocab - 1));
+    v = rng() % 41 == 0 ? separator : static_cast<std::uint32_t>(std::min(geo(rng), vocab - 1));
   for (std::size_t k = 0; k < n / 30; ++k) {  // repeated stretches
     std::size_t const len = 4 + rng() % 12, from = rng() % (n - len), to = rng() % (n - len);
     std::copy_n(c.begin() + static_cast<std::ptrdiff_t>(from), len,
                 c.begin() + static_cast<std::ptrdiff_t>(to));
   }
-  c.push_back(sep);
+  c.push_back(separator);
   return c;
 }
 
@@ -134,7 +134,8 @@ TEST_CASE("rest_proposer: drafts exactly the documented rule (brute force)") {
       std::vector<sd::token_id> ctx;
       std::size_t const from = rng() % (corpus.size() - 16);
       for (std::size_t k = 0; k < 16; ++k)
-        ctx.push_back(corpus[from + k] == sep ? 0 : static_cast<sd::token_id>(corpus[from + k]));
+        ctx.push_back(corpus[from + k] == separator ? 0
+                                                    : static_cast<sd::token_id>(corpus[from + k]));
       if (trial % 4 == 0) ctx.back() = static_cast<sd::token_id>(rng() % vocab);
       if (trial % 9 == 0) ctx[ctx.size() - 2] = static_cast<sd::token_id>(vocab);  // an unknown id
       CAPTURE(vocab);

@@ -29,7 +29,8 @@ process_result datastore(std::vector<std::string> const& args) {
 
 // Checks a failure: exit status `status`, nothing on stdout, one line on stderr that names the
 // program and contains `needle`.
-void check_error(std::vector<std::string> const& args, int status, std::string const& needle) {
+void check_datastore_error(std::vector<std::string> const& args, int status,
+                           std::string const& needle) {
   process_result const r = datastore(args);
   INFO("stderr: " << r.err);
   CHECK(r.status == status);
@@ -110,53 +111,56 @@ TEST_CASE("datastore: builds from text, JSONL and generated documents, and descr
 TEST_CASE("datastore: command-line errors exit 2 with one line") {
   std::string const out = (tools_test::scratch_dir() / "unused.sdrest").string();
   std::string const text = tools_test::data_file("tinystories_prompts.jsonl");
-  check_error({"--bogus"}, 2, "unknown option '--bogus'");
-  check_error({"--model"}, 2, "--model needs a value");
-  check_error(with_model({"--jsonl", text, "--output", out, "--output", out}), 2,
-              "--output is given more than once");
-  check_error(with_model({"--jsonl", text, "--field", "a", "--field", "b", "--output", out}), 2,
-              "--field is given more than once");
-  check_error(with_model({"--jsonl", text}), 2, "--output is required");
-  check_error({"--jsonl", text, "--output", out}, 2, "--model is required");
-  check_error(with_model({"--output", out}), 2, "no source");
-  check_error({"--info", out, "--model", tools_test::model()}, 2, "--info takes no other option");
-  check_error(with_model({"--generate", "-1", "--output", out}), 2, "--generate expects");
-  check_error(with_model({"--generate", "2", "--generate-tokens", "0", "--output", out}), 2,
-              "--generate-tokens must be at least 1");
-  check_error(with_model({"--generate", "1", "--top-p", "0", "--output", out}), 2, "--top-p");
-  check_error(with_model({"--generate", "1", "--temperature", "x", "--output", out}), 2,
-              "--temperature expects a number");
-  check_error(with_model({"--generate", "1", "--threads", "0", "--output", out}), 2,
-              "--threads must be at least 1");
+  check_datastore_error({"--bogus"}, 2, "unknown option '--bogus'");
+  check_datastore_error({"--model"}, 2, "--model needs a value");
+  check_datastore_error(with_model({"--jsonl", text, "--output", out, "--output", out}), 2,
+                        "--output is given more than once");
+  check_datastore_error(
+      with_model({"--jsonl", text, "--field", "a", "--field", "b", "--output", out}), 2,
+      "--field is given more than once");
+  check_datastore_error(with_model({"--jsonl", text}), 2, "--output is required");
+  check_datastore_error({"--jsonl", text, "--output", out}, 2, "--model is required");
+  check_datastore_error(with_model({"--output", out}), 2, "no source");
+  check_datastore_error({"--info", out, "--model", tools_test::model()}, 2,
+                        "--info takes no other option");
+  check_datastore_error(with_model({"--generate", "-1", "--output", out}), 2, "--generate expects");
+  check_datastore_error(with_model({"--generate", "2", "--generate-tokens", "0", "--output", out}),
+                        2, "--generate-tokens must be at least 1");
+  check_datastore_error(with_model({"--generate", "1", "--top-p", "0", "--output", out}), 2,
+                        "--top-p");
+  check_datastore_error(with_model({"--generate", "1", "--temperature", "x", "--output", out}), 2,
+                        "--temperature expects a number");
+  check_datastore_error(with_model({"--generate", "1", "--threads", "0", "--output", out}), 2,
+                        "--threads must be at least 1");
   // Options that would change nothing are refused, naming what they apply to.
   for (char const* option :
        {"--generate-tokens", "--temperature", "--top-p", "--seed", "--threads"})
-    check_error(with_model({"--jsonl", text, "--output", out, option, "1"}), 2,
-                std::string(option) + " applies to --generate only");
-  check_error(with_model({"--generate", "1", "--field", "story", "--output", out}), 2,
-              "--field applies to --jsonl only");
-  check_error({"--info", out, "--tokenizer", tools_test::vocab()}, 2,
-              "--info takes no other option (--tokenizer given)");
+    check_datastore_error(with_model({"--jsonl", text, "--output", out, option, "1"}), 2,
+                          std::string(option) + " applies to --generate only");
+  check_datastore_error(with_model({"--generate", "1", "--field", "story", "--output", out}), 2,
+                        "--field applies to --jsonl only");
+  check_datastore_error({"--info", out, "--tokenizer", tools_test::vocab()}, 2,
+                        "--info takes no other option (--tokenizer given)");
 }
 
 TEST_CASE("datastore: run-time errors exit 1 with one line") {
   fs::path const bad = tools_test::scratch_dir() / "bad.jsonl";
   tools_test::write_file(bad, "{\"text\": \"fine\"}\n{\"text\": \"unterminated}\n");
   std::string const out = (tools_test::scratch_dir() / "bad.sdrest").string();
-  check_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
-              bad.string() + ":2: malformed JSON");
+  check_datastore_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
+                        bad.string() + ":2: malformed JSON");
   tools_test::write_file(bad, "[\"an array, not an object\"]\n");
-  check_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
-              ":1: malformed JSON: not a JSON object");
-  check_error(with_model({"--text", "/nonexistent/file.txt", "--output", out}), 1,
-              "cannot read '/nonexistent/file.txt'");
-  check_error({"--info", "/nonexistent/store.sdrest"}, 1, "specdec");
+  check_datastore_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
+                        ":1: malformed JSON: not a JSON object");
+  check_datastore_error(with_model({"--text", "/nonexistent/file.txt", "--output", out}), 1,
+                        "cannot read '/nonexistent/file.txt'");
+  check_datastore_error({"--info", "/nonexistent/store.sdrest"}, 1, "specdec");
   // A JSONL file none of whose lines has the field: the field is named, not "no text".
   tools_test::write_file(bad, "{\"story\": \"a\"}\n\n{\"story\": \"b\"}\n");
-  check_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
-              bad.string() +
-                  ": none of its 2 lines has a string field 'text' (choose the field "
-                  "with --field)");
+  check_datastore_error(with_model({"--jsonl", bad.string(), "--output", out}), 1,
+                        bad.string() +
+                            ": none of its 2 lines has a string field 'text' (choose the field "
+                            "with --field)");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

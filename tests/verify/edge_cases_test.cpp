@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "sampling/rows.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/policy.hpp"
@@ -32,7 +33,7 @@ using specdec::sampling_params;
 using specdec::token_id;
 using specdec::verify_result;
 
-constexpr float ninf = -std::numeric_limits<float>::infinity();
+using sampling_test::ninf;
 
 sampler temperature_one() {
   return sampler(sampling_params{});

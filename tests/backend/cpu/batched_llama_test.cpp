@@ -24,7 +24,7 @@ namespace {
 // The forward is batch-invariant (see llama_test.cpp): a sequence's rows in a batch are the same
 // bits as a single-sequence forward of its tokens, so these comparisons are exact.
 
-std::size_t const pack_limits[] = {sd::cpu_llama_options{}.pack_limit, 0};
+std::size_t const batched_pack_limits[] = {sd::cpu_llama_options{}.pack_limit, 0};
 
 // One segment's draft: tokens, positions and mask of a chain or a tree under the sequence's
 // committed tokens, with each node's parent.
@@ -99,7 +99,7 @@ TEST_CASE("cpu_batched_llama: random ragged steps equal fresh single-sequence re
   for (auto const& shape : {test_support::shapes::odd_gqa(), test_support::shapes::head_size_6()}) {
     auto const w = st::random_llama(shape, 71);
     std::size_t const vocab = static_cast<std::size_t>(shape.vocab_size);
-    for (std::size_t const limit : pack_limits) {
+    for (std::size_t const limit : batched_pack_limits) {
       CAPTURE(shape.dim);
       CAPTURE(limit);
       sd::cpu_batched_llama m(w, {.model = {.threads = 2, .pack_limit = limit}, .max_slots = 4});
