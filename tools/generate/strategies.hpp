@@ -5,8 +5,9 @@
 // checks and the construction all read this table (options.hpp, specdec-generate.cpp).
 //
 // Adding a strategy: declare its options (an `option_spec` each), write a `run_<name>(session&)`
-// function that reads them from `session::values`, builds the proposer and calls `run_candidates`
-// or `run_speculative`, and add one row to `strategies`. An option of a strategy is refused with
+// function (declared here, defined in strategies.cpp) that reads them from `session::values`,
+// builds the proposer and calls `run_candidates` or `run_speculative`, add one row to
+// `strategies`, and serve it in batches in batch.cpp. An option of a strategy is refused with
 // any other strategy; a flag may be declared by several strategies (each with its own default and
 // domain) when it means the same thing for each.
 //
@@ -488,32 +489,10 @@ inline std::string chain_description(sd::draft_model_config const& c) {
 }
 
 //! autoregressive: the plain baseline (one target forward per token).
-inline run_output run_autoregressive(session& s) {
-  sd::autoregressive_decoder decoder(s.target, s.policy, s.config);
-  run_output out{{}, "autoregressive", "none"};
-  decoder.generate(s.prompt, out.result, s.observer);
-  return out;
-}
+run_output run_autoregressive(session& s);
 
 //! draft: a separate draft model drafts a chain of k tokens per step.
-inline run_output run_draft(session& s) {
-  auto const weights = std::make_shared<sd::llama_weights const>(
-      sd::load_model(*s.values.text(opt::draft_model), s.access));
-  sd::cpu_llama_options options = s.model_options;
-  if (s.values.given(opt::draft_threads)) {
-    options.threads = static_cast<std::size_t>(s.values.count(opt::draft_threads));
-    options.pool = nullptr;
-  }
-  if (s.values.given(opt::draft_context))
-    options.max_context = static_cast<std::size_t>(s.values.count(opt::draft_context));
-  lm draft = make_lm(s, weights, options);
-  sd::draft_model_config const chain = chain_config(s.values);
-  return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::draft_model_proposer<lm, sd::sampler, M> proposer(draft, s.target, s.policy, chain);
-    return run_speculative(s, proposer, chain_verifier<M>{},
-                           "draft model, " + chain_description(chain), chain_verifier_name<M>);
-  });
-}
+run_output run_draft(session& s);
 
 //! layer-skip: the target with some layers skipped drafts a chain (self-speculation).
 //! The layers --skip-layers names (default: the middle one), checked against a model of
@@ -537,16 +516,7 @@ inline std::string layer_skip_description(std::span<std::int32_t const> layers,
   return "layer skip (layers " + layer_list + "), " + chain_description(chain);
 }
 
-inline run_output run_layer_skip(session& s) {
-  std::vector<std::int32_t> const layers = skip_layers_of(s.values, s.weights->config.n_layers);
-  sd::draft_model_config const chain = chain_config(s.values);
-  return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::layer_skip_proposer<lm, sd::sampler, M> proposer(
-        {.skip_layers = layers, .draft = chain}, s.policy, make_lm(s, s.weights, s.model_options));
-    return run_speculative(s, proposer, chain_verifier<M>{}, layer_skip_description(layers, chain),
-                           chain_verifier_name<M>);
-  });
-}
+run_output run_layer_skip(session& s);
 
 //! The prompt-lookup configuration from --lookup-*.
 inline sd::prompt_lookup_config lookup_config(option_values const& v) {
@@ -557,15 +527,7 @@ inline sd::prompt_lookup_config lookup_config(option_values const& v) {
 }
 
 //! prompt-lookup: n-gram matches in the prompt and the output draft chains or trees.
-inline run_output run_prompt_lookup(session& s) {
-  sd::prompt_lookup_config const c = lookup_config(s.values);
-  sd::prompt_lookup_proposer proposer(c);
-  return run_candidates(
-      s, proposer,
-      "prompt lookup, n-grams " + std::to_string(c.n_max) + ".." + std::to_string(c.n_min) +
-          ", depth " + std::to_string(c.k) +
-          (c.max_branches > 1 ? ", " + std::to_string(c.max_branches) + " branches" : ""));
-}
+run_output run_prompt_lookup(session& s);
 
 //! The REST configuration from --rest-*.
 inline sd::rest_config rest_config_of(option_values const& v) {
@@ -592,15 +554,7 @@ inline std::shared_ptr<sd::rest_datastore const> load_datastore(option_values co
 }
 
 //! rest: continuations retrieved from a datastore draft a tree.
-inline run_output run_rest(session& s) {
-  auto const datastore = load_datastore(s.values, s.target.vocab_size());
-  sd::rest_config const c = rest_config_of(s.values);
-  sd::rest_proposer proposer(datastore, c);
-  return run_candidates(s, proposer,
-                        "REST, " + std::to_string(datastore->size()) + "-entry datastore, depth " +
-                            std::to_string(c.depth) + ", " + std::to_string(c.max_nodes) +
-                            " nodes");
-}
+run_output run_rest(session& s);
 
 //! lookahead: a Jacobi window (auxiliary tokens) feeds an n-gram pool whose candidates for the
 //! last token are verified as a tree, both in one forward.
@@ -617,11 +571,7 @@ inline std::string lookahead_description(sd::lookahead_config const& c) {
          ", G = " + std::to_string(c.guesses);
 }
 
-inline run_output run_lookahead(session& s) {
-  sd::lookahead_config const c = lookahead_config_of(s.values);
-  sd::lookahead_proposer proposer(c);
-  return run_candidates(s, proposer, "lookahead, " + lookahead_description(c));
-}
+run_output run_lookahead(session& s);
 
 //! The Jacobi configuration from -k.
 inline sd::jacobi_config jacobi_config_of(option_values const& v) {
@@ -629,12 +579,7 @@ inline sd::jacobi_config jacobi_config_of(option_values const& v) {
 }
 
 //! jacobi: a block of k guesses refined by the target's own predictions (greedy only).
-inline run_output run_jacobi(session& s) {
-  sd::jacobi_config const c = jacobi_config_of(s.values);
-  sd::jacobi_proposer proposer(c);
-  return run_speculative(s, proposer, sd::greedy_verifier{},
-                         "Jacobi, k = " + std::to_string(c.block), "greedy");
-}
+run_output run_jacobi(session& s);
 
 //! The text --tree-nodes measures the heads' accuracies on: the target's greedy continuations of
 //! 8 starts of 4 tokens sampled from BOS (temperature 1, seeds 1..8), 128 tokens each (fewer in a
@@ -719,32 +664,10 @@ inline std::filesystem::path heads_directory(option_values const& v) {
 }
 
 //! medusa: Medusa heads on the target's hidden state draft a sparse tree.
-inline run_output run_medusa(session& s) {
-  std::filesystem::path const dir = heads_directory(s.values);
-  auto const heads = std::make_shared<sd::medusa_weights const>(
-      sd::load_medusa_heads(dir, s.weights->config, s.access));
-  sd::cpu_medusa_heads runner(heads, {.threads = s.model_options.threads});
-  std::string tree_text;
-  sd::medusa_proposer proposer(
-      runner,
-      heads_tree(s, runner, dir, sd::measure_medusa_accuracy<sd::cpu_medusa_heads>, tree_text));
-  return run_candidates(s, proposer,
-                        "Medusa, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
-}
+run_output run_medusa(session& s);
 
 //! hydra: Hydra heads (sequentially dependent) draft a sparse tree.
-inline run_output run_hydra(session& s) {
-  std::filesystem::path const dir = heads_directory(s.values);
-  auto const heads = std::make_shared<sd::hydra_weights const>(
-      sd::load_hydra_heads(dir, s.weights->config, s.access));
-  sd::cpu_hydra_heads runner(heads, s.weights, {.threads = s.model_options.threads});
-  std::string tree_text;
-  sd::hydra_proposer proposer(
-      runner,
-      heads_tree(s, runner, dir, sd::measure_hydra_accuracy<sd::cpu_hydra_heads>, tree_text));
-  return run_candidates(s, proposer,
-                        "Hydra, " + std::to_string(runner.num_heads()) + " heads, " + tree_text);
-}
+run_output run_hydra(session& s);
 
 //! eagle: an EAGLE head on the target's features drafts a dynamic tree (EAGLE-2; EAGLE-3 heads
 //! too) or a static one (--tree).
@@ -797,15 +720,7 @@ inline eagle_drafting eagle_drafting_of(option_values const& v, sd::eagle_weight
   return d;
 }
 
-inline run_output run_eagle(session& s) {
-  auto const head = load_eagle(s.values, s.weights, s.access);
-  sd::cpu_eagle_head runner(head, {.threads = s.model_options.threads,
-                                   .pool = s.model_options.pool,
-                                   .max_context = s.target.max_context()});
-  eagle_drafting const drafting = eagle_drafting_of(s.values, *head);
-  auto proposer = drafting.make(runner);
-  return run_candidates(s, proposer, drafting.description);
-}
+run_output run_eagle(session& s);
 
 // ---------------------------------------------------------------------------------------------
 // The table.
