@@ -14,26 +14,11 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "specdec/model/gguf_writer.hpp"
-#include "specdec/model/llama2c.hpp"
+#include "model_file.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 
 namespace {
-
-struct preset {
-  char const* name;
-  std::int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
-  bool tied;  // classifier shared with the token embedding, as in the real model
-};
-
-constexpr preset presets[] = {
-    {"stories260K", 64, 172, 5, 8, 4, 512, 512, true},
-    {"stories15M", 288, 768, 6, 6, 6, 32000, 256, true},
-    {"stories42M", 512, 1376, 8, 8, 8, 32000, 1024, true},
-    {"stories110M", 768, 2048, 12, 12, 12, 32000, 1024, true},
-    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, false},
-};
 
 //! Exits with status 2 and `message` on one line.
 [[noreturn]] void usage_error(std::string const& message) {
@@ -71,9 +56,7 @@ constexpr char const* help_tail =
 
 //! Declares every option (its help is the --help text) on `app`, bound to `r`.
 void declare(CLI::App& app, raw_options& r) {
-  std::string preset_names;
-  for (auto const& p : presets)
-    preset_names += (preset_names.empty() ? "" : ", ") + std::string(p.name);
+  std::string const preset_names = specdec_cli::model_preset_names();
   std::string const shape = "shape", weights = "weights", output = "output";
   app.add_option("--preset", r.preset, preset_names)->type_name("NAME")->group(shape);
   app.add_option("--dim", r.dim, "model width (overrides the preset)")
@@ -113,9 +96,7 @@ void declare(CLI::App& app, raw_options& r) {
   app.add_option("-o,--output", r.output, "the file to write (required)")
       ->type_name("PATH")
       ->group(output);
-  app.add_option("--format", r.format,
-                 "llama2c (legacy), llama2c-v1, llama2c-q8 (version 2, Q8_0), gguf-f32, gguf-f16, "
-                 "gguf-bf16")
+  app.add_option("--format", r.format, specdec_cli::model_format_help)
       ->type_name("F")
       ->group(output);
   app.add_option("--tokenizer", r.tokenizer,
@@ -173,11 +154,8 @@ int main(int argc, char** argv) {
 
   specdec::llama_config c;
   if (preset_name) {
-    preset const* found = nullptr;
-    for (auto const& p : presets) {
-      if (*preset_name == p.name) found = &p;
-    }
-    if (found == nullptr) usage_error("unknown preset '" + *preset_name + "'");
+    specdec_cli::model_preset const* const found =
+        checked([&] { return &specdec_cli::find_model_preset(*preset_name); });
     c.dim = found->dim;
     c.hidden_dim = found->hidden_dim;
     c.n_layers = found->n_layers;
@@ -203,12 +181,8 @@ int main(int argc, char** argv) {
 
   std::filesystem::path const out_path(*output);
   std::string const fmt =
-      format ? *format : (out_path.extension() == ".gguf" ? "gguf-f32" : "llama2c");
-  bool const gguf = fmt.rfind("gguf-", 0) == 0;
-  if (fmt != "llama2c" && fmt != "llama2c-v1" && fmt != "llama2c-q8" && fmt != "gguf-f32" &&
-      fmt != "gguf-f16" && fmt != "gguf-bf16") {
-    usage_error("unknown format '" + fmt + "'");
-  }
+      checked([&] { return specdec_cli::model_output_format(format, out_path); });
+  bool const gguf = specdec_cli::is_gguf_format(fmt);
   if (tokenizer_path && !gguf) usage_error("--tokenizer only applies to GGUF output");
   for (char const* name : {"--rope-theta", "--rms-eps"})
     if (given(name) && !gguf)
@@ -235,18 +209,7 @@ int main(int argc, char** argv) {
       }
     }
     auto const weights = specdec::make_random_llama(c, seed, stddev);
-    if (fmt == "llama2c") {
-      specdec::write_llama2c(out_path, weights, specdec::llama2c_format::legacy);
-    } else if (fmt == "llama2c-v1") {
-      specdec::write_llama2c(out_path, weights, specdec::llama2c_format::v1);
-    } else if (fmt == "llama2c-q8") {
-      specdec::write_llama2c(out_path, weights, specdec::llama2c_format::v2_q8_0);
-    } else {
-      auto const type = fmt == "gguf-f32"   ? specdec::gguf_type::f32
-                        : fmt == "gguf-f16" ? specdec::gguf_type::f16
-                                            : specdec::gguf_type::bf16;
-      specdec::write_gguf(out_path, weights, vocabulary ? &*vocabulary : nullptr, type);
-    }
+    specdec_cli::write_model(out_path, weights, fmt, vocabulary ? &*vocabulary : nullptr);
     double const seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf(

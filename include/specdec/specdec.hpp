@@ -63,7 +63,7 @@
 #include "specdec/kv/slots.hpp"
 
 // model/: model files (llama2.c, GGUF, safetensors), draft heads, tokenizers, random models of any
-// shape.
+// shape, models widened to a larger shape.
 #include "specdec/model/binary_io.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/gguf.hpp"
@@ -78,6 +78,7 @@
 #include "specdec/model/safetensors.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/model/weight_storage.hpp"
+#include "specdec/model/widen.hpp"
 
 // decode/: the speculative decoder, the autoregressive baseline, and the batch decoder for
 // serving many requests with its speculation policies.

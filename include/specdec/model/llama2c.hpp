@@ -310,19 +310,6 @@ inline void check_llama2c_finite(llama_weights const& w, std::string const& wher
   if (!w.config.shared_classifier) check_finite(w.classifier, n.emb, where, "classifier");
 }
 
-//! Throws `errc::invalid_argument` unless every pointer of `w` is set and its config is valid.
-inline void check_complete(llama_weights const& w, char const* who) {
-  w.config.validate(who);
-  SPECDEC_CHECK(w.token_embedding && w.rms_final && w.classifier, invalid_argument, who,
-                ": the weights have null tensors");
-  SPECDEC_CHECK(w.layers.size() == static_cast<std::size_t>(w.config.n_layers), invalid_argument,
-                who, ": ", w.layers.size(), " layers but the config says ", w.config.n_layers);
-  for (auto const& l : w.layers) {
-    SPECDEC_CHECK(l.rms_att && l.wq && l.wk && l.wv && l.wo && l.rms_ffn && l.w1 && l.w2 && l.w3,
-                  invalid_argument, who, ": a layer has null tensors");
-  }
-}
-
 }  // namespace detail
 
 //! Loads a llama2.c checkpoint (legacy, version 1 or version 2) by memory-mapping it (or reading
