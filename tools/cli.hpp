@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -138,6 +139,21 @@ inline std::string one_line(std::string message) {
   for (char& c : message)
     if (c == '\n' || c == '\r') c = ' ';
   return message;
+}
+
+//! Parses `argv` into `app`'s options. Returns false when --help was asked for, after printing it
+//! (`head`, the options, `tail`); throws CLI11's parse errors as usage_errors (`rethrow`).
+inline bool parse_command_line(CLI::App& app, int argc, char** argv, std::string const& head,
+                               std::string const& tail) {
+  try {
+    app.parse(argc, argv);
+  } catch (CLI::CallForHelp const&) {
+    std::fputs(help_text(app, head, tail).c_str(), stdout);
+    return false;
+  } catch (CLI::ParseError const& e) {
+    rethrow(e, app);
+  }
+  return true;
 }
 
 }  // namespace specdec_cli

@@ -141,14 +141,7 @@ std::optional<options> parse(int argc, char** argv) {
   CLI::App app("", "specdec-datastore");
   raw_options r;
   declare(app, r);
-  try {
-    app.parse(argc, argv);
-  } catch (CLI::CallForHelp const&) {
-    std::fputs(specdec_cli::help_text(app, help_head, help_tail).c_str(), stdout);
-    return std::nullopt;
-  } catch (CLI::ParseError const& e) {
-    specdec_cli::rethrow(e, app);
-  }
+  if (!specdec_cli::parse_command_line(app, argc, argv, help_head, help_tail)) return std::nullopt;
   auto const given = [&](char const* name) { return app.get_option(name)->count() > 0; };
   options o;
   if (given("--model")) o.model = r.model;

@@ -112,14 +112,9 @@ int main(int argc, char** argv) {
   CLI::App app("", "specdec-randmodel");
   raw_options r;
   declare(app, r);
-  try {
-    app.parse(argc, argv);
-  } catch (CLI::CallForHelp const&) {
-    std::fputs(specdec_cli::help_text(app, help_head, help_tail).c_str(), stdout);
+  if (!checked(
+          [&] { return specdec_cli::parse_command_line(app, argc, argv, help_head, help_tail); }))
     return 0;
-  } catch (CLI::ParseError const& e) {
-    checked([&] { specdec_cli::rethrow(e, app); });
-  }
   auto const given = [&](char const* name) { return app.get_option(name)->count() > 0; };
   auto const shape_number = [&](char const* name,
                                 std::string const& text) -> std::optional<std::int32_t> {

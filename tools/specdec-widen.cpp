@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -23,22 +22,6 @@
 #include "specdec/model/widen.hpp"
 
 namespace {
-
-//! Exits with status 2 and `message` on one line.
-[[noreturn]] void usage_error(std::string const& message) {
-  std::fprintf(stderr, "specdec-widen: %s (see --help)\n", specdec_cli::one_line(message).c_str());
-  std::exit(2);
-}
-
-//! f(), or exit status 2 with the message of the usage_error it throws.
-template <class F>
-auto checked(F&& f) {
-  try {
-    return f();
-  } catch (specdec_cli::usage_error const& e) {
-    usage_error(e.what());
-  }
-}
 
 //! The command line's values as CLI11 collects them (numbers are parsed exactly afterwards).
 struct raw_options {
@@ -91,89 +74,87 @@ void declare(CLI::App& app, raw_options& r) {
       ->group(output);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+//! Reads --model, widens it and writes -o; returns the exit status. A command-line mistake is a
+//! usage_error, also a shape the model cannot take (known once the model is read).
+int run(int argc, char** argv) {
+  using specdec_cli::usage_error;
   CLI::App app("", "specdec-widen");
   raw_options r;
   declare(app, r);
-  try {
-    app.parse(argc, argv);
-  } catch (CLI::CallForHelp const&) {
-    std::fputs(specdec_cli::help_text(app, help_head, help_tail).c_str(), stdout);
-    return 0;
-  } catch (CLI::ParseError const& e) {
-    checked([&] { specdec_cli::rethrow(e, app); });
-  }
+  if (!specdec_cli::parse_command_line(app, argc, argv, help_head, help_tail)) return 0;
   auto const given = [&](char const* name) { return app.get_option(name)->count() > 0; };
-  auto const size = [&](char const* name, std::string const& text) -> std::int32_t {
-    if (!given(name)) return 0;
-    return checked([&] { return specdec_cli::parse_number<std::int32_t>(name, text); });
-  };
-  if (!given("--model")) usage_error("no model to widen (--model PATH)");
-  if (!given("--output")) usage_error("no output file (-o PATH)");
+  if (!given("--model")) throw usage_error("no model to widen (--model PATH)");
+  if (!given("--output")) throw usage_error("no output file (-o PATH)");
   specdec::widen_shape shape;
   if (given("--preset")) {
-    specdec_cli::model_preset const p =
-        checked([&] { return specdec_cli::find_model_preset(r.preset); });
+    specdec_cli::model_preset const& p = specdec_cli::find_model_preset(r.preset);
     shape = {.dim = p.dim, .hidden_dim = p.hidden_dim, .n_layers = p.n_layers};
   } else if (!given("--dim") && !given("--hidden-dim") && !given("--layers")) {
-    usage_error("no shape: give --preset NAME, or --dim, --hidden-dim and/or --layers");
+    throw usage_error("no shape: give --preset NAME, or --dim, --hidden-dim and/or --layers");
   }
   for (auto const& [name, text, field] :
        {std::tuple{"--dim", &r.dim, &shape.dim},
         std::tuple{"--hidden-dim", &r.hidden_dim, &shape.hidden_dim},
         std::tuple{"--layers", &r.n_layers, &shape.n_layers}}) {
     if (!given(name)) continue;
-    *field = size(name, *text);
-    if (*field <= 0) usage_error(std::string(name) + " must be positive");
+    *field = specdec_cli::parse_number<std::int32_t>(name, *text);
+    if (*field <= 0) throw usage_error(std::string(name) + " must be positive");
   }
   std::filesystem::path const in_path(r.model), out_path(r.output);
   std::error_code ec;
   if (!std::filesystem::is_regular_file(in_path, ec))
-    usage_error("--model: no such file '" + r.model + "'");
+    throw usage_error("--model: no such file '" + r.model + "'");
   std::optional<std::string> format;
   if (given("--format")) format = r.format;
-  std::string const fmt =
-      checked([&] { return specdec_cli::model_output_format(format, out_path); });
+  std::string const fmt = specdec_cli::model_output_format(format, out_path);
   bool const gguf = specdec_cli::is_gguf_format(fmt);
-  if (given("--tokenizer") && !gguf) usage_error("--tokenizer only applies to GGUF output");
+  if (given("--tokenizer") && !gguf) throw usage_error("--tokenizer only applies to GGUF output");
 
+  auto const start = std::chrono::steady_clock::now();
+  specdec::file_access const access =
+      r.no_mmap ? specdec::file_access::read : specdec::file_access::map;
+  specdec::llama_weights const model = specdec::load_model(in_path, access);
+  specdec::llama_config const& c = model.config;
+  specdec::llama_config widened;
   try {
-    auto const start = std::chrono::steady_clock::now();
-    specdec::file_access const access =
-        r.no_mmap ? specdec::file_access::read : specdec::file_access::map;
-    specdec::llama_weights const model = specdec::load_model(in_path, access);
-    specdec::llama_config const& c = model.config;
-    specdec::llama_config widened;
-    try {
-      widened = specdec::widened_config(c, shape);
-    } catch (specdec::error const& e) {
-      usage_error(e.what());
-    }
-    // The vocabulary of a GGUF output: --tokenizer's, else a GGUF input's own.
-    std::optional<specdec::tokenizer> vocabulary;
-    if (gguf && given("--tokenizer")) {
-      vocabulary = specdec::load_tokenizer(in_path, std::filesystem::path(r.tokenizer));
-    } else if (gguf && specdec::detect_model_format(in_path) == specdec::model_format::gguf) {
-      specdec::gguf_file const file(in_path);
-      if (file.contains("tokenizer.ggml.tokens")) vocabulary = specdec::tokenizer::from_gguf(file);
-    }
-    specdec::llama_weights const wide = specdec::widen_llama(model, shape);
-    specdec_cli::write_model(out_path, wide, fmt, vocabulary ? &*vocabulary : nullptr);
-    double const seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf(
-        "wrote %s (%s): dim %d -> %d, hidden_dim %d -> %d, n_layers %d -> %d, n_heads %d -> %d, "
-        "n_kv_heads %d -> %d, %zu -> %zu parameters, %ju bytes%s, %.1f s\n",
-        out_path.string().c_str(), fmt.c_str(), c.dim, widened.dim, c.hidden_dim,
-        widened.hidden_dim, c.n_layers, widened.n_layers, c.n_heads, widened.n_heads, c.n_kv_heads,
-        widened.n_kv_heads, c.parameter_count(), widened.parameter_count(),
-        static_cast<std::uintmax_t>(std::filesystem::file_size(out_path)),
-        vocabulary ? ", with its vocabulary" : "", seconds);
+    widened = specdec::widened_config(c, shape);
+  } catch (specdec::error const& e) {
+    throw usage_error(e.what());
+  }
+  // The vocabulary of a GGUF output: --tokenizer's, else a GGUF input's own.
+  std::optional<specdec::tokenizer> vocabulary;
+  if (gguf && given("--tokenizer")) {
+    vocabulary = specdec::load_tokenizer(in_path, std::filesystem::path(r.tokenizer));
+  } else if (gguf && specdec::detect_model_format(in_path) == specdec::model_format::gguf) {
+    specdec::gguf_file const file(in_path);
+    if (file.contains("tokenizer.ggml.tokens")) vocabulary = specdec::tokenizer::from_gguf(file);
+  }
+  specdec::llama_weights const wide = specdec::widen_llama(model, shape);
+  specdec_cli::write_model(out_path, wide, fmt, vocabulary ? &*vocabulary : nullptr);
+  double const seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "wrote %s (%s): dim %d -> %d, hidden_dim %d -> %d, n_layers %d -> %d, n_heads %d -> %d, "
+      "n_kv_heads %d -> %d, %zu -> %zu parameters, %ju bytes%s, %.1f s\n",
+      out_path.string().c_str(), fmt.c_str(), c.dim, widened.dim, c.hidden_dim, widened.hidden_dim,
+      c.n_layers, widened.n_layers, c.n_heads, widened.n_heads, c.n_kv_heads, widened.n_kv_heads,
+      c.parameter_count(), widened.parameter_count(),
+      static_cast<std::uintmax_t>(std::filesystem::file_size(out_path)),
+      vocabulary ? ", with its vocabulary" : "", seconds);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (specdec_cli::usage_error const& e) {
+    std::fprintf(stderr, "specdec-widen: %s (see --help)\n",
+                 specdec_cli::one_line(e.what()).c_str());
+    return 2;
   } catch (std::exception const& e) {
     std::fprintf(stderr, "specdec-widen: %s\n", specdec_cli::one_line(e.what()).c_str());
     return 1;
   }
-  return 0;
 }

@@ -31,14 +31,7 @@ process_result datastore(std::vector<std::string> const& args) {
 // program and contains `needle`.
 void check_datastore_error(std::vector<std::string> const& args, int status,
                            std::string const& needle) {
-  process_result const r = datastore(args);
-  INFO("stderr: " << r.err);
-  CHECK(r.status == status);
-  CHECK(r.out.empty());
-  REQUIRE(!r.err.empty());
-  CHECK(r.err.rfind("specdec-datastore: ", 0) == 0);
-  CHECK(r.err.find('\n') == r.err.size() - 1);
-  CHECK(r.err.find(needle) != std::string::npos);
+  tools_test::check_failure(datastore(args), "specdec-datastore", status, needle);
 }
 
 // The fixture's model and tokenizer, then `more`.

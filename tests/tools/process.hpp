@@ -134,4 +134,17 @@ inline process_result run_process(std::string const& program, std::vector<std::s
   return finish_process(start_process(program, args, env));
 }
 
+// Checks a failed run `r` of the program `program` ("specdec-datastore"): exit status `status`,
+// nothing on stdout, one line on stderr that starts with the program's name and contains `needle`.
+inline void check_failure(process_result const& r, std::string const& program, int status,
+                          std::string const& needle) {
+  INFO("stderr: " << r.err);
+  CHECK(r.status == status);
+  CHECK(r.out.empty());
+  REQUIRE(!r.err.empty());
+  CHECK(r.err.rfind(program + ": ", 0) == 0);
+  CHECK(r.err.find('\n') == r.err.size() - 1);  // exactly one line
+  CHECK(r.err.find(needle) != std::string::npos);
+}
+
 }  // namespace tools_test

@@ -28,14 +28,7 @@ process_result randmodel(std::vector<std::string> const& args) {
 // Checks a failure: exit status 2, nothing on stdout, one line on stderr that names the program
 // and contains `needle`.
 void check_usage_error(std::vector<std::string> const& args, std::string const& needle) {
-  process_result const r = randmodel(args);
-  INFO("stderr: " << r.err);
-  CHECK(r.status == 2);
-  CHECK(r.out.empty());
-  REQUIRE(!r.err.empty());
-  CHECK(r.err.rfind("specdec-randmodel: ", 0) == 0);
-  CHECK(r.err.find('\n') == r.err.size() - 1);
-  CHECK(r.err.find(needle) != std::string::npos);
+  tools_test::check_failure(randmodel(args), "specdec-randmodel", 2, needle);
 }
 
 // A small explicit shape.

@@ -27,14 +27,7 @@ process_result widen(std::vector<std::string> const& args) {
 // the program and contains `needle`.
 void check_widen_error(std::vector<std::string> const& args, int status,
                        std::string const& needle) {
-  process_result const r = widen(args);
-  INFO("stderr: " << r.err);
-  CHECK(r.status == status);
-  CHECK(r.out.empty());
-  REQUIRE(!r.err.empty());
-  CHECK(r.err.rfind("specdec-widen: ", 0) == 0);
-  CHECK(r.err.find('\n') == r.err.size() - 1);
-  CHECK(r.err.find(needle) != std::string::npos);
+  tools_test::check_failure(widen(args), "specdec-widen", status, needle);
 }
 
 // specdec-generate's greedy tokens for "Once upon a time" with `model` (and `extra` arguments).
