@@ -2,7 +2,7 @@
 // must satisfy it, and dropping or breaking any one requirement must make it fail.
 #include "specdec/core/concepts.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <vector>
 

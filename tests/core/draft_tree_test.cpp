@@ -1,6 +1,6 @@
 #include "specdec/core/draft_tree.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
 #include "specdec/core/error.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <string>
 

@@ -1,6 +1,6 @@
 #include "specdec/core/stats.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 TEST_CASE("request_stats accumulates steps and acceptance by depth") {
   specdec::request_stats r;

@@ -1,6 +1,6 @@
 #include "specdec/core/views.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <vector>
 

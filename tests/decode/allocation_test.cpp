@@ -2,7 +2,7 @@
 // 160 tokens performs exactly as many heap allocations as one of 40 tokens (any allocation left is
 // per request, not per step). Counts every global operator new of this test executable
 // (support/allocation_counter.hpp).
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <vector>
 

@@ -6,7 +6,7 @@
 // heads measured in the same run; EAGLE-3 >= EAGLE-2), and under temperature 1 / top-p 0.9 the
 // joint distribution of the first two tokens against the exact one (the chi-square check of
 // sampling_check.hpp). Random heads check the same identity where acceptance is low.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <string>

@@ -3,7 +3,7 @@
 // start of the next one, as llama2.c models do; both decoders stop there, exactly where plain
 // decoding would. And what a request_observer sees: every emitted token with its step, its depth
 // in the draft, drafted or bonus, and the target row that scored it; every verified step.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstddef>

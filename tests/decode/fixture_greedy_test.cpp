@@ -1,6 +1,6 @@
 // Greedy speculative decoding on the stories260K fixture is token-identical to greedy
 // autoregressive decoding, for every proposer, and reproduces the MANIFEST's reference ids.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <memory>

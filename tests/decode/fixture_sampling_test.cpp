@@ -8,7 +8,7 @@
 // below 5 are pooled into one. A pair of probability 0 under the target must never be emitted. The
 // seeds are fixed, so the test is deterministic; a correct decoder fails it with probability about
 // 1e-4 per configuration over the choice of seeds.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <memory>
 #include <vector>

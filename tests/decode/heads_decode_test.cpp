@@ -5,7 +5,7 @@
 // target forward (the bars: Medusa >= 2.2 with <= 32 nodes, Hydra >= Medusa + 0.2), and under
 // temperature 1 / top-p 0.9 the joint distribution of the first two tokens against the exact one
 // (the chi-square check of sampling_check.hpp).
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <string>
 #include <vector>

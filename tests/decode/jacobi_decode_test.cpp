@@ -1,6 +1,6 @@
 // Jacobi decoding end to end: greedy output token-identical to autoregressive decoding on the toy
 // model and on every TinyStories prompt with the stories260K fixture.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <vector>
 

@@ -3,7 +3,7 @@
 // TinyStories prompt with the default configuration, every third with a wider window), the
 // auxiliary KV entries dropped at each commit, and under sampling the chi-square test of the first
 // two tokens against the exact distribution.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <string>
 #include <vector>

@@ -4,7 +4,7 @@
 // with the first), and the manifest's reference ids,
 // the datastore file round trip under decoding, and under sampling the chi-square test of the
 // first two tokens against the exact distribution.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <filesystem>
 #include <memory>

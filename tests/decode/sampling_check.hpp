@@ -5,7 +5,7 @@
 // joint distribution computed from the model under the policy (temperature 1, top-p 0.9).
 // Threshold: the chi-square quantile at p = 1e-4 for the degrees of freedom (Wilson-Hilferty);
 // cells with an expected count below 5 are pooled; a pair of probability 0 must never be emitted.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <map>

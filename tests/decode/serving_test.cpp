@@ -7,7 +7,7 @@
 // stories260K fixture, greedy and sampled (each request with its own seed and policy). The rows
 // of the CPU backend are the same bits whatever else is in the batch, and a request's draws come
 // from its own Philox stream, so equality is exact.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstddef>
 #include <memory>

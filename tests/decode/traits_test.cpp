@@ -1,6 +1,6 @@
 // Compile-time pairing rules between proposers and verifiers (the decoder static_asserts them) and
 // the traits each proposer declares.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/traits.hpp"

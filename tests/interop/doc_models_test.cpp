@@ -1,6 +1,6 @@
 // The minimal models of each concept shown in docs/concepts.md, verbatim: they must satisfy their
 // concept and work together in the speculative decoder, so the page cannot drift from the code.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -1,6 +1,6 @@
 #include "specdec/interop/raw.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <array>

@@ -3,7 +3,7 @@
 // headers that use them), so a header added later cannot be forgotten in it.
 #include "specdec/specdec.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,6 @@
 #include "specdec/interop/xtensor.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstdint>

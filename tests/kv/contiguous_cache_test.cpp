@@ -1,6 +1,6 @@
 #include "specdec/kv/contiguous_cache.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <string>

@@ -3,7 +3,7 @@
 // refused with a specdec::error or read and used (a model runs a short greedy request, a
 // vocabulary encodes and decodes). Marked skip: each runs as its own ctest (model_corrupt_llama2c,
 // model_corrupt_gguf, model_corrupt_tokenizer; tests/CMakeLists.txt), under the asan preset too.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstddef>

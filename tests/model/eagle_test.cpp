@@ -6,7 +6,7 @@
 // model_corrupt_eagle, under the asan preset too).
 #include "specdec/model/eagle.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 #include "specdec/model/gguf.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <cstdint>

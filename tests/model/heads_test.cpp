@@ -4,7 +4,7 @@
 // and a loop over corrupted files that must end in specdec::error or success, never a crash.
 #include "specdec/model/heads.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 #include "specdec/model/llama2c.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <climits>
 #include <cmath>

@@ -1,6 +1,6 @@
 #include "specdec/model/random.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <cstring>

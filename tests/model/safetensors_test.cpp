@@ -3,7 +3,7 @@
 // field and the file.
 #include "specdec/model/safetensors.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <nlohmann/json.hpp>
 

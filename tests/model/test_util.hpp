@@ -2,7 +2,7 @@
 // Helpers shared by the model tests: byte-level edits of the files they write (fixture paths and
 // temporary directories: support/files.hpp; error checks: support/errors.hpp).
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstddef>
 #include <cstdint>

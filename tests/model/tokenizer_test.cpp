@@ -1,6 +1,6 @@
 #include "specdec/model/tokenizer.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <chrono>
 #include <cstdint>

@@ -5,7 +5,7 @@
 // back and still does; bad shapes are refused with errors that name them.
 #include "specdec/model/widen.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // so that the checks behind them are reached, each refused with a specdec::error or loaded and
 // queried (longest suffix matches, REST drafts). Marked skip: it runs as its own ctest
 // (propose_corrupt_datastore; tests/CMakeLists.txt), under the asan preset too.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -3,7 +3,7 @@
 // confidence cutoff, context limits and configuration errors.
 #include "specdec/propose/draft_model.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <memory>

@@ -6,7 +6,7 @@
 // fresh proposer drafts from the whole sequence's true features; errors for rows that do not fit.
 #include "specdec/propose/eagle.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // Hydra: of its depth's head on its parent's path), pruning keeps the most probable nodes, no
 // hidden row drafts nothing, bad pairings are refused, and the accuracies measured on the target's
 // own greedy text are those of trained heads.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

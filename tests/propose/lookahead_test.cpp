@@ -4,7 +4,7 @@
 // and the combined forward (tree + window) against each branch run alone on a CPU model.
 #include "specdec/propose/lookahead.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -2,7 +2,7 @@
 // the history drafts, for random sequences and configurations; budgets, trees and resyncs.
 #include "specdec/propose/prompt_lookup.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstdint>

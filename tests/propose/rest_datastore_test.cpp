@@ -3,7 +3,7 @@
 // corrupt and wrong-version files, and concurrent queries (labelled for the tsan preset).
 #include "specdec/propose/rest_datastore.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // frequent prefixes kept, children by frequency); budgets, no-match and bad-id contexts.
 #include "specdec/propose/rest.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -4,7 +4,7 @@
 // ranking of a head's logits, and pruning to a node budget by path probability.
 #include "specdec/propose/sparse_tree.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <nlohmann/json.hpp>
 

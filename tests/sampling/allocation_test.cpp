@@ -1,7 +1,7 @@
 // The hot path does not allocate after warm-up: this executable replaces the global operator new
 // with a counting one (support/allocation_counter.hpp) and compares its count around the measured
 // region.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstddef>
 #include <random>

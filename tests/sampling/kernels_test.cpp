@@ -4,7 +4,7 @@
 // multiplication against the general pass, the vector exp against the scalar one, the vector
 // `any` against a lane loop, the validation sum, and the one-pass history check against the
 // documented errors.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -4,7 +4,7 @@
 // probabilities up to the order of the mass sums; the number of passes stays within the bound
 // the decision functions promise; and the decision functions themselves on hand-made brackets.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 // agreement with the double reference on many random rows, thread safety and allocation.
 #include "specdec/sampling/policy.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,7 @@
 #pragma once
 // Test rows and the fast-versus-reference comparison shared by the sampling tests.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

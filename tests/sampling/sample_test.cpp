@@ -2,7 +2,7 @@
 // double reference, and a chi-square test of sampler::sample over 100,000 Philox draws.
 #include "specdec/sampling/draw.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <cstdint>

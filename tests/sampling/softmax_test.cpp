@@ -2,7 +2,7 @@
 // the accuracy of the float exp behind it.
 #include "specdec/sampling/softmax.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <bit>
 #include <cmath>

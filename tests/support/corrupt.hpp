@@ -12,7 +12,7 @@
 // infinities or huge values; a reader whose file carries checksums gets a `fix` function that
 // makes them match again, so that its later checks are reached too.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstddef>

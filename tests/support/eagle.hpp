@@ -4,7 +4,7 @@
 // process), heads of random weights on random targets of other shapes, and the target features a
 // head reads, computed by the CPU backend.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // Checks that code throws specdec::error: the code it throws, or that it throws a given code (and
 // a message with a given fragment). Code that throws nothing FAILS the test.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <exception>
 #include <string>

@@ -4,7 +4,7 @@
 // directories. ctest sets both variables (tests/CMakeLists.txt); a missing variable or file FAILS
 // the test with a message that names it, it never skips.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <unistd.h>
 #include <atomic>

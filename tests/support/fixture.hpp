@@ -4,7 +4,7 @@
 // the prompt set. Files come from SPECDEC_MODEL_DIR / SPECDEC_DATA_DIR (support/files.hpp: a
 // missing file FAILS the test with a message).
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstddef>

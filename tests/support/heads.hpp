@@ -4,7 +4,7 @@
 // trees) and heads of random weights of any shape (for shapes the fixture does not have: odd
 // widths, one block, a vocabulary that is not a multiple of the vector width).
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 // nlohmann/json: strings, arrays of strings, escapes) and generated documents, then loaded by
 // --info and by the library; and its errors with their exit status (2 for the command line, 1 at
 // run time) and one-line message.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 // These tests run the programs, which are built with the tools only (SPECDEC_BUILD_TOOLS; then
 // tests/CMakeLists.txt passes SPECDEC_GENERATE_PATH and tools/CMakeLists.txt the tools' include

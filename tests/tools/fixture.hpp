@@ -1,7 +1,7 @@
 #pragma once
 // What the command-line tests share: the programs under test and the fixture files.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdlib>
 #include <filesystem>

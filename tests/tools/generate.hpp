@@ -3,7 +3,7 @@
 // --json parsed by nlohmann/json), checking its one-line errors, the reference greedy ids, and a
 // random draft model and a REST datastore built once per process.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <exception>

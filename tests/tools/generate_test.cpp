@@ -3,7 +3,7 @@
 // with its exit status (2 for the command line, 1 at run time) and its one-line message. The
 // strategy table (tools/generate/strategies.hpp) drives the checks that cover every strategy and
 // every option: --help, options of another strategy, greedy outputs.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 // These tests run the programs, which are built with the tools only (SPECDEC_BUILD_TOOLS; then
 // tests/CMakeLists.txt passes SPECDEC_GENERATE_PATH and tools/CMakeLists.txt the tools' include

@@ -4,7 +4,7 @@
 // no outside limit (ctx.max_nodes and the tree's capacity at their largest) on histories built to
 // fill each proposer's tree, and through the decoder, whose steps stay within the budget and
 // within decode_config::max_draft_nodes when that cap is set.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -2,12 +2,12 @@
 // Runs a program with arguments (no shell), capturing its exit status, stdout and stderr through
 // files in a per-process temporary directory, and its wall time and peak resident memory.
 
-#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/doctest.hpp"
 
 #include <chrono>
 #include <filesystem>

@@ -1,7 +1,7 @@
 // specdec-randmodel, run as a program: --help, models written in each format and read back by
 // the library, and its errors with their exit status (2 for the command line) and one-line
 // message.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 // These tests run the programs, which are built with the tools only (SPECDEC_BUILD_TOOLS; then
 // tests/CMakeLists.txt passes SPECDEC_GENERATE_PATH and tools/CMakeLists.txt the tools' include

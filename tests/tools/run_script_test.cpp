@@ -2,7 +2,7 @@
 // SPECDEC_PRESET): stdout holds only the program's output, so `... --json | jq` works (the
 // build's output goes to stderr), and flags given are added to the default run's fixture paths
 // and settings, each replacing its own default.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #if defined(SPECDEC_GENERATE_PATH) && defined(SPECDEC_SOURCE_DIR) && defined(SPECDEC_BUILD_PRESET)
 

@@ -2,7 +2,7 @@
 // vocabulary) and as llama2.c, read back with the shape asked for, and decoded by specdec-generate
 // into the fixture's greedy reference; its errors with their exit status (2 for the command line,
 // 1 at run time) and one-line message.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #ifdef SPECDEC_GENERATE_PATH
 

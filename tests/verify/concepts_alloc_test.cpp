@@ -2,7 +2,7 @@
 // stops allocating once warm: a second verification of the same shapes performs no allocation
 // (counted by the replacement global operator new of tests/support/allocation_counter.hpp).
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <vector>
 

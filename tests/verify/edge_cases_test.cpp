@@ -2,7 +2,7 @@
 // one-hot targets, a vocabulary of 1, an empty draft, NaN/Inf inputs, token ids >= vocab, shape
 // errors, and the RNG contract (which word decides what; advance by tree.size()).
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <cstdint>

@@ -13,7 +13,7 @@
 // Greedy policies are checked exactly instead: every emitted token must be on the target's greedy
 // path.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <span>

@@ -5,7 +5,7 @@
 // 0.5% of the cases). Also: the logits and probability entry points agree exactly, and every
 // verifier advances the generator by exactly tree.size() words.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <sstream>

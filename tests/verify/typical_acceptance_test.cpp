@@ -2,7 +2,7 @@
 // exp(-H(p))), the longest accepted path (ties to the lowest node index), the bonus drawn from p
 // at the last node with word 0, greedy policies, and the RNG advance.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // A forward does not allocate once its buffers have grown to the batch size (and the result's
 // vectors to their sizes): counted by the replacement global operator new of
 // tests/support/allocation_counter.hpp.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <numeric>
 #include <vector>

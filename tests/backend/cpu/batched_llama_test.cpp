@@ -1,6 +1,6 @@
 #include "specdec/backend/cpu/batched_llama.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <numeric>

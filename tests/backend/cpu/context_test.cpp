@@ -3,7 +3,7 @@
 // costs nothing until it is used; growing gives bit-identical results; a context the machine
 // cannot hold is refused with `errc::out_of_memory`, saying how much, before anything is
 // allocated, and a request that would need it fails before its first token.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <memory>

@@ -4,7 +4,7 @@
 // with rollbacks between them, and for any thread count; errors for bad batches.
 #include "specdec/backend/cpu/eagle.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // batch and the thread count; errors for bad shapes and tokens.
 #include "specdec/backend/cpu/heads.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

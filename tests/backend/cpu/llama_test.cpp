@@ -1,6 +1,6 @@
 #include "specdec/backend/cpu/llama.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -4,8 +4,8 @@
 // cores the working ones needed: --threads 1024 on 2 cores ran a hundred times slower).
 #include "specdec/backend/cpu/thread_pool.hpp"
 
-#include <doctest/doctest.h>
 #include <time.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -8,7 +8,7 @@
 // Tolerance: |a - b| <= 2e-4 (1 + |b|), that of the CUDA model against the CPU backend
 // (llama_test.cu): float32 both, only the order of the sums differs.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@
 // that a tree forward and a one-token forward, which sum in different orders, cannot disagree on
 // an argmax by rounding).
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

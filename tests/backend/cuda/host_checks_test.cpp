@@ -2,7 +2,7 @@
 // (device code is compiled only under nvcc), launch statuses map to specdec::error, device error
 // flags are reported, ragged layouts and chunk plans are consistent.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -2,7 +2,7 @@
 // against the CPU backend and against path-by-path forwards, cache truncate / keep_path, hidden
 // states, skipped layers, and bad input.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 // sweeps (rows shared by clusters of blocks at small batches on capability 9.0 and above); and the
 // fused draw against sampler::sample with the same Philox word, whatever the block split.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

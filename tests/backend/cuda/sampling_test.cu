@@ -1,7 +1,7 @@
 // The CUDA sampling kernels against sampling/ (softmax, sampler::distribution, sampler::sample) on
 // odd vocabularies and batch sizes, with the same Philox inputs.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // margin" that tells a genuine disagreement from one that sits within float rounding of its
 // threshold.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cuda_runtime.h>
 

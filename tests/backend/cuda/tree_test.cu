@@ -1,7 +1,7 @@
 // Tree masks, depths and positions built on the device equal draft_tree's; KV compaction moves
 // exactly the accepted rows.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <random>

@@ -2,7 +2,7 @@
 // sizes: identical accepted paths, tokens and generator offsets for the same Philox inputs,
 // except decisions within float rounding of their thresholds, which are counted and reported.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // padding, the exact round trip of every finite F16 / BF16 value (a GGUF tensor stored in either
 // type packs back to its own bits), refused values, and the dtype names.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cmath>
 #include <cstddef>
