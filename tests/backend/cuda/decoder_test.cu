@@ -23,7 +23,7 @@
 // proposers and configurations emit the same tokens as its greedy autoregressive decoding is tested
 // in tests/decode/.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -467,7 +467,7 @@ TEST_CASE("cuda_llama decoding: sampled requests on the device-resident step") {
   cuda_test::require_device();
   auto const weights = cuda_test::load_weights(test_support::model_file("stories260K.bin"));
   auto const draft_weights = cuda_test::load_weights(fixture::draft_model_path());
-  std::vector<token_id> const& prompt = fixture::encoded_prompts()[story_prompts[0]];
+  std::vector<token_id> const prompt = fixture::encoded_prompts()[story_prompts[0]];
   sd::cuda_llama target(weights);
   sd::cuda_llama draft(draft_weights);
   auto const verifier = [&] {

@@ -5,7 +5,7 @@
 // model: greedy speculative decoding with the trained heads (tools/eagle) emits exactly the CUDA
 // model's greedy output, with the acceptance the CPU reaches.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -58,8 +58,12 @@ TEST_CASE("cuda eagle head: causal and tree rows match the reference") {
   auto const target = cuda_test::random_weights(test_support::shapes::cuda_gqa(), 5, 0.3f);
   for (auto version : {sd::eagle_version::eagle1, sd::eagle_version::eagle3}) {
     CAPTURE(static_cast<int>(version));
+    // EAGLE-1's tree rows feed the head's outputs back through fc: with N(0, 0.2^2) weights on
+    // this target they reach ~500 at depth 2 and the attention scores are so large that float32
+    // itself (the CPU runner too) misses the reference by 1e-2; 0.1 keeps them near 6.
+    float const stddev = version == sd::eagle_version::eagle1 ? 0.1f : 0.2f;
     auto const head = std::make_shared<sd::eagle_weights const>(
-        sd::make_random_eagle_head(version, target, 6, 2, 40, 100, {3, 1, 2}, 15, 0.2f));
+        sd::make_random_eagle_head(version, target, 6, 2, 40, 100, {3, 1, 2}, 15, stddev));
     sd::cuda_eagle_head runner(*head);
     std::size_t const d = runner.hidden_size(), f = runner.feature_width();
     std::size_t const v = runner.draft_vocab_size();

@@ -127,11 +127,15 @@ class heads_device {
   //! Reserves `count` floats of weights; `put` then copies host tensors in and returns offsets.
   void reserve_weights(std::size_t count) { weights_.resize(count); }
   //! Copies `count` floats from `src` to the next free place of the weights; returns the place.
+  //! The copy is ordered before the stream's later work (the stream does not synchronise with
+  //! the legacy stream a plain cudaMemcpy runs on); `src` may be released when it returns (a
+  //! pageable source is staged before the call returns).
   float const* put(float const* src, std::size_t count) {
     SPECDEC_CHECK(src != nullptr && used_ + count <= weights_.size(), internal,
                   "cuda heads: weight upload out of place");
     float* const dst = weights_.data() + used_;
-    SPECDEC_CUDA_CHECK(cudaMemcpy(dst, src, count * sizeof(float), cudaMemcpyHostToDevice));
+    SPECDEC_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyHostToDevice, stream_));
     used_ += count;
     return dst;
   }
