@@ -84,6 +84,7 @@
 #include "specdec/core/forward.hpp"
 #include "specdec/core/philox.hpp"
 #include "specdec/decode/autoregressive.hpp"
+#include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/heads.hpp"
@@ -471,6 +472,44 @@ void bench_draft(benchmark::State& state) {
                                   fixture_config(fixture_k));
   run_fixture(state, std::string("draft model k=4, ") + (greedy ? "greedy" : "temp 1"), target,
               decoder, &draft.clock(), greedy);
+}
+
+//! A decoder of `proposer` with the adaptive speculation policy (at most fixture_k draft tokens a
+//! step), its forward costs measured before the timed runs.
+template <class Proposer, class Verifier>
+auto adaptive_decoder(timed_cpu& target, Proposer& proposer, Verifier verifier, bool greedy) {
+  using decoder_type =
+      sd::speculative_decoder<timed_cpu, Proposer, Verifier, sd::sampler, sd::adaptive_speculation>;
+  auto d = std::make_unique<decoder_type>(target, proposer, std::move(verifier),
+                                          make_policy(greedy), fixture_config(fixture_k),
+                                          sd::adaptive_speculation({.max_k = fixture_k}));
+  d->speculation().prepare(target);
+  return d;
+}
+
+//! The draft model and prompt lookup (chains) with draft lengths chosen per step
+//! (`adaptive_speculation`), greedy: on the compute-bound fixture they should draft little or
+//! nothing and run at the autoregressive rate.
+void bench_draft_adaptive(benchmark::State& state) {
+  fixture const& f = fixture::get();
+  if (f.draft == nullptr) {
+    state.SkipWithError("tools/draft/stories_draft.bin not found");
+    return;
+  }
+  timed_cpu target(f.weights, one_thread());
+  timed_cpu draft(f.draft, one_thread());
+  sd::draft_model_proposer<timed_cpu, sd::sampler, sd::draft_mode::greedy> proposer(
+      draft, target, make_policy(true), {.k = fixture_k});
+  auto decoder = adaptive_decoder(target, proposer, sd::greedy_verifier{}, true);
+  run_fixture(state, "draft model k<=4, adaptive, greedy", target, *decoder, &draft.clock(), true);
+}
+
+void bench_prompt_lookup_adaptive(benchmark::State& state) {
+  fixture const& f = fixture::get();
+  timed_cpu target(f.weights, one_thread());
+  sd::prompt_lookup_proposer proposer({.n_max = 3, .n_min = 1, .k = fixture_k});
+  auto decoder = adaptive_decoder(target, proposer, sd::greedy_verifier{}, true);
+  run_fixture(state, "prompt lookup chain k<=4, adaptive, greedy", target, *decoder, nullptr, true);
 }
 
 template <sd::draft_mode M>
@@ -1081,6 +1120,11 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("fixture/draft/greedy", bench_draft<draft_mode::greedy>)
       ->Iterations(3);
   benchmark::RegisterBenchmark("fixture/draft/temp1", bench_draft<draft_mode::sample>)
+      ->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/draft_adaptive/greedy", bench_draft_adaptive)
+      ->Iterations(3);
+  benchmark::RegisterBenchmark("fixture/prompt_lookup_chain_adaptive/greedy",
+                               bench_prompt_lookup_adaptive)
       ->Iterations(3);
   benchmark::RegisterBenchmark("fixture/prompt_lookup_chain/greedy", [](benchmark::State& s) {
     bench_prompt_lookup(s, 1, true);

@@ -374,6 +374,8 @@ int run(command_line const& cmd) {
             device,
             dtype};
   s.typical = typical;
+  if (v.text(opt::speculate).value_or("full") == "adaptive")
+    s.speculation = chosen_speculation(sd::adaptive_speculation{});
   bool const json = v.flag(opt::json), stream_json = v.flag(opt::stream_json);
   bool const compare = v.flag(opt::compare);
   auto const repeat = static_cast<std::size_t>(v.count(opt::repeat));

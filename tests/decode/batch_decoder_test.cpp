@@ -4,7 +4,7 @@
 // slot reuse; failures isolated to their request.
 #include "specdec/decode/batch_decoder.hpp"
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <map>
@@ -567,7 +567,7 @@ TEST_CASE("batch_decoder: an unlucky batch's acceptance estimate returns to the 
   std::vector<double> seen;
   sd::batch_decoder<sd::cpu_batched_llama, wrongs, sd::tree_verifier, sd::sampler, recording_policy>
       decoder(target, proposer, {}, recording_policy{&seen},
-              {.acceptance_prior = 0.5, .acceptance_prior_weight = 2.0});
+              {.acceptance = {.prior = 0.5, .prior_weight = 2.0}});
   std::uint64_t const id = decoder.submit(j.prompt, j.policy, j.config);
   decoder.run();
   auto const got = decoder.take(id);

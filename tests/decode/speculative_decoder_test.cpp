@@ -1,11 +1,12 @@
 // The speculative decoder and the autoregressive baseline on the toy model: greedy equality for
 // every proposer, the commit path for chains and trees, stops, the streaming callback, statistics.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <string>
 #include <vector>
 
 #include "specdec/decode/autoregressive.hpp"
+#include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/layer_skip.hpp"
@@ -186,6 +187,77 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
       CHECK(r.stats.mean_accepted_length() > 2.5);
     }
   }
+}
+
+// The speculation policy sizes each step's draft within the limit, as in batch_decoder: with costs
+// seeded (and kept: a negligible cost weight) the choice is deterministic. A forward whose time is
+// its rows (compute-bound) never pays for a draft token; one whose time does not depend on its
+// rows (weights streamed) pays for several.
+TEST_CASE("a speculation policy sizes each step's draft; greedy output unchanged") {
+  toy::toy_lm target(vocab, context);
+  sd::decode_config config;
+  config.max_new_tokens = 90;
+  sd::autoregressive_decoder<toy::toy_lm, sd::greedy> ar(target, sd::greedy{}, config);
+  auto const seeded = [](double slope) {
+    sd::adaptive_speculation s({.max_k = 5, .cost_weight = 1e-12});
+    for (std::size_t r = 1; r <= 8; ++r)
+      s.costs().observe(r, 1e-3 * (1.0 + slope * static_cast<double>(r - 1)), 1.0);
+    return s;
+  };
+  using decoder =
+      sd::speculative_decoder<toy::toy_lm, sd::prompt_lookup_proposer, sd::greedy_verifier,
+                              sd::greedy, sd::adaptive_speculation>;
+  for (auto const& prompt : toy_prompts()) {
+    CAPTURE(prompt.size());
+    auto const reference = ar.generate(prompt);
+    sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 5});
+    decoder compute_bound(target, p, sd::greedy_verifier{}, sd::greedy{}, config, seeded(1.0));
+    auto const none = compute_bound.generate(prompt);
+    CHECK(none.tokens == reference.tokens);
+    CHECK(none.stats.drafted == 0);
+    CHECK(none.stats.steps == 90);
+    decoder streamed(target, p, sd::greedy_verifier{}, sd::greedy{}, config, seeded(0.0));
+    auto const some = streamed.generate(prompt);
+    CHECK(some.tokens == reference.tokens);
+    CHECK(some.stats.drafted > 0);
+    CHECK(some.stats.steps < 90);
+    CHECK(some.stats.max_tree_size <= 5);
+    // A second request (the acceptance evidence of the first now its prior).
+    auto const again = streamed.generate(prompt);
+    CHECK(again.tokens == reference.tokens);
+    CHECK(again.stats.drafted > 0);
+  }
+  // The fixed policy of 2 tokens a step drafts at most 2 (the proposer's budget is 5).
+  sd::prompt_lookup_proposer p({.n_max = 3, .n_min = 1, .k = 5});
+  sd::speculative_decoder<toy::toy_lm, sd::prompt_lookup_proposer, sd::greedy_verifier, sd::greedy,
+                          sd::fixed_speculation>
+      two(target, p, sd::greedy_verifier{}, sd::greedy{}, config, sd::fixed_speculation(2));
+  auto const r = two.generate(toy_prompts()[2]);
+  CHECK(r.tokens == ar.generate(toy_prompts()[2]).tokens);
+  CHECK(r.stats.max_tree_size <= 2);
+  CHECK(r.stats.accepted > 0);
+  // Bad acceptance options name the decoder.
+  CHECK_THROWS_WITH_AS((decoder(target, p, sd::greedy_verifier{}, sd::greedy{}, config, seeded(0.0),
+                                {.decay = 1.0})),
+                       doctest::Contains("speculative_decoder: acceptance decay 1"), sd::error);
+}
+
+// The cost model's calibration of a one-sequence model: a point per row count that fits the cache,
+// the cache cleared before and after.
+TEST_CASE("forward_cost_model calibrates a causal_lm") {
+  toy::toy_lm target(vocab, 40);
+  sd::forward_cost_model costs;
+  std::vector<std::size_t> const rows = {1, 2, 4, 8, 64};
+  costs.calibrate(target, rows, 16, 2);
+  CHECK(costs.calibrated());
+  CHECK(costs.size() == 4);  // 64 rows do not fit a cache of 40 entries
+  CHECK(costs.predict(1) > 0.0);
+  CHECK(costs.predict(8) >= costs.predict(1));
+  CHECK(target.cache().size() == 0);
+  sd::adaptive_speculation s({.max_k = 2});
+  s.prepare(target);  // rows up to max_k + 1 = 3, and the next one above (4)
+  CHECK(s.costs().size() == 4);
+  CHECK(target.cache().size() == 0);
 }
 
 TEST_CASE("a tree step commits the accepted branch with keep_path") {

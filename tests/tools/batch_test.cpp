@@ -2,7 +2,7 @@
 // request's output equals the same prompt run alone (greedy, and sampled with the request's seed),
 // the streamed text and the --json objects, the statistics, requests that fail alone, and the
 // command-line errors; and the corrupted-file loop of the --prompts reader.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #ifdef SPECDEC_GENERATE_PATH
 
@@ -308,7 +308,6 @@ TEST_CASE("generate --prompts: command-line and file errors") {
   std::string const file = prompts_file(2);
   check_error({"--prompts", file, "--prompt", "x"}, 2, "not both");
   check_error({"--batch", "2", "--prompt", "x"}, 2, "--batch applies to --prompts only");
-  check_error({"--speculate", "adaptive", "--prompt", "x"}, 2, "--speculate applies to --prompts");
   check_error({"--prompts", file, "--speculate", "eager"}, 2, "unknown --speculate policy");
   check_error({"--prompts", file, "--batch", "0"}, 2, "--batch");
   for (std::string const flag : {"--compare", "--stream-json"})

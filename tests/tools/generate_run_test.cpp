@@ -4,7 +4,7 @@
 // what is wrong, timings with a warm-up and their spread, JSON streaming, log-probabilities, the
 // penalty window, the typical-acceptance verifier, the draft model's own threads and context,
 // the --report picture, and the options that would do nothing refused.
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #ifdef SPECDEC_GENERATE_PATH
 
@@ -161,6 +161,22 @@ TEST_CASE("generate: --no-mmap reads the model files into memory, with the same 
   json const j =
       gen_json(once({"--no-mmap", "--strategy", "draft", "--draft", model(), "-n", "24"}));
   CHECK(tokens_of(j) == reference_continuation(24));
+}
+
+// --speculate adaptive on one request: each step's draft length from the target's forward cost,
+// measured at start-up, and the request's acceptance; greedy output unchanged. On the fixture
+// (compute-bound: a forward of 5 rows costs ~2.7 of one) it drafts little or nothing.
+TEST_CASE("generate: --speculate adaptive sizes one request's drafts, output unchanged") {
+  for (std::vector<std::string> const& strategy :
+       {std::vector<std::string>{"--strategy", "draft", "--draft", model()},
+        std::vector<std::string>{"--strategy", "prompt-lookup"}}) {
+    CAPTURE(strategy.at(1));
+    std::vector<std::string> args = strategy;
+    for (std::string const a : {"--speculate", "adaptive", "-n", "24"}) args.push_back(a);
+    json const j = gen_json(once(args));
+    CHECK(tokens_of(j) == reference_continuation(24));
+    CHECK(str(j.at("description")).find("draft length per step: adaptive") != std::string::npos);
+  }
 }
 
 // --no-mmap reads every file used while generating into memory, the heads and the datastore as

@@ -1,7 +1,7 @@
 // The ragged batched entry points equal per-sequence calls with the same generators, for every
 // verifier, through both the logits and the probability entry points; malformed batches throw.
 
-#include <doctest/doctest.h>
+#include "support/doctest.hpp"
 
 #include <cstdint>
 #include <span>

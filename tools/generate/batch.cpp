@@ -50,38 +50,6 @@ struct no_draft {
   [[nodiscard]] std::size_t max_nodes() const noexcept { return 0; }
 };
 
-//! The speculation policy --speculate chose, chosen at run time: `adaptive_speculation`, or
-//! `fixed_speculation` of the whole budget (of none for the autoregressive baseline). One type for
-//! both, so that each strategy's batch decoder is compiled once rather than once per policy.
-class chosen_speculation {
- public:
-  //! The fixed policy of `k` draft tokens per request and step (the default: the whole budget).
-  explicit chosen_speculation(std::size_t k = std::numeric_limits<std::size_t>::max())
-      : fixed_(k) {}
-  //! The adaptive policy.
-  explicit chosen_speculation(sd::adaptive_speculation adaptive) : adaptive_(std::move(adaptive)) {}
-
-  //! Calibrates the adaptive policy's costs on `model` (nothing for the fixed one).
-  template <sd::batched_lm Model>
-  void prepare(Model& model) {
-    if (adaptive_) adaptive_->prepare(model);
-  }
-  void choose(std::span<sd::speculation_request const> requests, std::span<std::size_t> draft) {
-    if (adaptive_)
-      adaptive_->choose(requests, draft);
-    else
-      fixed_.choose(requests, draft);
-  }
-  void observe(sd::step_cost const& cost) {
-    if (adaptive_) adaptive_->observe(cost);
-  }
-
- private:
-  sd::fixed_speculation fixed_;
-  std::optional<sd::adaptive_speculation> adaptive_;
-};
-static_assert(sd::speculation_policy<chosen_speculation>);
-
 //! Streams the text of many requests to stdout, each output line after its request's line number
 //! ("12: Once upon a time ..."): a request's text (its prompt, then its pieces as they are
 //! committed) is written a line at a time, when it completes a line or reaches `width` bytes (cut

@@ -280,10 +280,10 @@ inline constexpr option_spec speculate{
     .value_name = "POLICY",
     .kind = value_kind::text,
     .help =
-        "draft lengths under load (needs --prompts): 'full' (each request drafts its proposer's "
-        "whole budget every step, as a single request does) or 'adaptive' (per step, the lengths "
-        "that maximise committed tokens per second, from measured costs and each request's "
-        "acceptance)",
+        "draft lengths: 'full' (each step drafts the proposer's whole budget) or 'adaptive' (per "
+        "step, the lengths that maximise committed tokens per second, from the target's forward "
+        "cost measured at start-up and each request's acceptance; none where speculation "
+        "cannot pay)",
     .default_text = "full"};
 
 }  // namespace opt
@@ -486,8 +486,7 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
           "--adaptive does not apply to --prompts: --speculate adaptive chooses each request's "
           "draft length per step");
   } else {
-    for (option_spec const* o : {&opt::batch, &opt::speculate})
-      if (given(*o)) throw usage_error(std::string(o->flag) + " applies to --prompts only");
+    if (given(opt::batch)) throw usage_error("--batch applies to --prompts only");
   }
   std::string const speculate = v.text(opt::speculate).value_or("full");
   if (speculate != "full" && speculate != "adaptive")

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -45,6 +46,7 @@
 #include "specdec/core/types.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/common.hpp"
+#include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/heads.hpp"
@@ -78,6 +80,44 @@ struct run_output {
   std::string verifier;      //!< "greedy", "speculative sampling", "tree (point masses)" or "none"
 };
 
+//! The draft-length policy --speculate chose, at run time: `adaptive_speculation` (its state
+//! shared by the copies, so that the costs it measured and learnt serve every run of the session),
+//! or `fixed_speculation` of k draft tokens (the whole budget by default, none for the
+//! autoregressive baseline). One type for both, so that each strategy's decoder is compiled once
+//! rather than once per policy.
+class chosen_speculation {
+ public:
+  //! The fixed policy of `k` draft tokens per request and step (the default: the whole budget).
+  explicit chosen_speculation(std::size_t k = std::numeric_limits<std::size_t>::max())
+      : fixed_(k) {}
+  //! The adaptive policy.
+  explicit chosen_speculation(sd::adaptive_speculation adaptive)
+      : adaptive_(std::make_shared<sd::adaptive_speculation>(std::move(adaptive))) {}
+
+  //! Calibrates the adaptive policy's costs on `model`, once (nothing for the fixed one).
+  template <class Model>
+  requires sd::batched_lm<Model> || sd::causal_lm<Model>
+  void prepare(Model& model) {
+    if (adaptive_) adaptive_->prepare(model);
+  }
+  void choose(std::span<sd::speculation_request const> requests, std::span<std::size_t> draft) {
+    if (adaptive_)
+      adaptive_->choose(requests, draft);
+    else
+      fixed_.choose(requests, draft);
+  }
+  void observe(sd::step_cost const& cost) {
+    if (adaptive_) adaptive_->observe(cost);
+  }
+  //! Whether this is the adaptive policy.
+  [[nodiscard]] bool adaptive() const noexcept { return adaptive_ != nullptr; }
+
+ private:
+  sd::fixed_speculation fixed_;
+  std::shared_ptr<sd::adaptive_speculation> adaptive_;
+};
+static_assert(sd::speculation_policy<chosen_speculation>);
+
 //! What every strategy runs against: the parsed options, the loaded target, the prompt, the
 //! decode configuration and sampling policy, the verifier asked for, what observes the run
 //! (the streamed text, --stream-json, --logprobs, --report; empty for timed runs), and the device
@@ -98,6 +138,7 @@ struct session {
   sd::file_access access = sd::file_access::map;   //!< how every file is read (--no-mmap)
   device_kind device = device_kind::cpu;           //!< where the models run (--device)
   sd::weight_dtype dtype = sd::weight_dtype::f32;  //!< their matrices on a CUDA device (--dtype)
+  chosen_speculation speculation = chosen_speculation();  //!< each step's draft length
 };
 
 //! A model over `weights` on `device`: a cpu_llama with `options`, or a cuda_llama with the
@@ -127,7 +168,9 @@ run_output run_speculative(session& s, Proposer& proposer, Verifier verifier,
       return run_speculative(s, proposer, sd::typical_acceptance_verifier(*s.typical),
                              std::move(description), "typical acceptance (lossy)");
   }
-  sd::speculative_decoder decoder(s.target, proposer, std::move(verifier), s.policy, s.config);
+  sd::speculative_decoder<lm, Proposer, Verifier, sd::sampler, chosen_speculation> decoder(
+      s.target, proposer, std::move(verifier), s.policy, s.config, s.speculation);
+  if (s.speculation.adaptive()) description += "; draft length per step: adaptive";
   run_output out{{}, std::move(description), std::move(verifier_name)};
   decoder.generate(s.prompt, out.result, s.observer);
   return out;

@@ -89,30 +89,12 @@ struct batch_decoder_config {
   //! Most prompt tokens admitted per step (a step always admits one waiting request when it
   //! can); 0 = no limit. Bounds how long a step that prefills new prompts takes.
   std::size_t max_prefill_tokens = 0;
-  //! Each request's acceptance estimate (what the speculation policy sees): the accepted draft
-  //! tokens over the tested ones (accepted, plus the first rejected), both counts decayed by this
-  //! factor per step, in [0, 1). Its prior, counted as `acceptance_prior_weight` tested
-  //! tokens, is the batch's own acceptance (the same counts over every request, decayed per step),
-  //! which has `acceptance_prior` as its own prior with the same weight: a request that has
-  //! drafted little borrows the rate of the others, and when the whole batch was unlucky (a batch
-  //! of one request, say) the estimates drift back to `acceptance_prior` as the evidence decays,
-  //! so one unlucky step does not switch speculation off for long.
-  double acceptance_decay = 0.9;
-  double acceptance_prior = 0.5;         //!< in [0, 1]
-  double acceptance_prior_weight = 2.0;  //!< >= 0
+  //! Each request's acceptance estimate, what the speculation policy sees (see
+  //! `acceptance_estimator`: decayed counts, the batch's rate as their prior).
+  acceptance_options acceptance = {};
 
   //! Throws `errc::invalid_argument` naming the field out of its domain.
-  void validate() const {
-    SPECDEC_CHECK(acceptance_decay >= 0.0 && acceptance_decay < 1.0, invalid_argument,
-                  "batch_decoder_config: acceptance_decay ", acceptance_decay,
-                  " is outside [0, 1)");
-    SPECDEC_CHECK(acceptance_prior >= 0.0 && acceptance_prior <= 1.0, invalid_argument,
-                  "batch_decoder_config: acceptance_prior ", acceptance_prior,
-                  " is outside [0, 1]");
-    SPECDEC_CHECK(acceptance_prior_weight >= 0.0, invalid_argument,
-                  "batch_decoder_config: acceptance_prior_weight ", acceptance_prior_weight,
-                  " is negative");
-  }
+  void validate() const { acceptance.validate("batch_decoder_config"); }
 };
 
 //! The outcome of one request of a `batch_decoder`.
@@ -225,9 +207,8 @@ class batch_decoder {
         proposer_(&proposer),
         verifier_(std::move(verifier)),
         speculation_(std::move(speculation)),
-        config_(config) {
-    config_.validate();
-  }
+        config_((config.validate(), config)),
+        acceptance_(config_.acceptance) {}
 
   //! Queues a request: `prompt` (copied), its own sampling `policy`, `config` and `callbacks`;
   //! returns its id. It joins the batch at a coming step. Never throws for a bad request: a
@@ -303,27 +284,12 @@ class batch_decoder {
         }
         limit = *l;
       }
-      double const w = config_.acceptance_prior_weight;
-      // The batch's rate, itself with `acceptance_prior` as its prior: when every request was
-      // unlucky (a batch of one, say), the estimates return to the prior as the evidence fades.
-      double const prior =
-          batch_tested_ + w > 0.0
-              ? (batch_accepted_ + config_.acceptance_prior * w) / (batch_tested_ + w)
-              : config_.acceptance_prior;
-      spec_.push_back({.slot = r->slot,
-                       .max_draft = limit,
-                       .other_rows = (r->prefills_alone() ? 0 : 1) + r->seq.prompt_rows(),
-                       .acceptance = (r->accepted_recent + prior * w) /
-                                     (r->tested_recent + w > 0.0 ? r->tested_recent + w : 1.0),
-                       .tested = r->tested_recent});
-      // Every count decays once per step, the request's whether it drafts or not (evidence that
-      // is not renewed fades toward the batch's rate); this step's outcomes come in at full
-      // weight.
-      r->accepted_recent *= config_.acceptance_decay;
-      r->tested_recent *= config_.acceptance_decay;
+      spec_.push_back(acceptance_.request(r->acceptance, r->slot, limit,
+                                          (r->prefills_alone() ? 0 : 1) + r->seq.prompt_rows()));
+      // Every count decays once per step; this step's outcomes come in at full weight.
+      acceptance_.decay(r->acceptance);
     }
-    batch_accepted_ *= config_.acceptance_decay;
-    batch_tested_ *= config_.acceptance_decay;
+    acceptance_.decay_all();
     compact();
     if (running_.empty()) return finish_step(start, 0, 0.0, 0.0, 0, false, committed_before);
     draft_.assign(running_.size(), 0);
@@ -491,7 +457,7 @@ class batch_decoder {
     decode_result out;
     std::string error;
     errc code = errc::internal;
-    double accepted_recent = 0.0, tested_recent = 0.0;  // decayed counts
+    acceptance_estimator::counts acceptance;  // decayed counts
     std::chrono::steady_clock::time_point start;
 
     //! Whether its next forward scores its prompt alone (its proposer reads the prompt's hidden
@@ -601,15 +567,7 @@ class batch_decoder {
     stats_.accepted += step.accepted;
     stats_.committed += step.emitted;
     ++stats_.request_steps;
-    // The acceptance estimate: the accepted tokens over the tested ones (the accepted and the
-    // first rejected), decayed per step.
-    if (step.tree_depth > 0) {
-      std::size_t const tested = step.accepted + (step.accepted < step.tree_depth ? 1 : 0);
-      r.accepted_recent += static_cast<double>(step.accepted);
-      r.tested_recent += static_cast<double>(tested);
-      batch_accepted_ += static_cast<double>(step.accepted);
-      batch_tested_ += static_cast<double>(tested);
-    }
+    acceptance_.record(r.acceptance, step.accepted, step.tree_depth);
     if (r.seq.done()) finish(r, r.out.reason);
   }
 
@@ -729,7 +687,7 @@ class batch_decoder {
   batch_decoder_config config_;
   bool prepared_ = false;
   request_id next_id_ = 0;
-  double batch_accepted_ = 0.0, batch_tested_ = 0.0;  // decayed counts over every request
+  acceptance_estimator acceptance_;
   std::deque<std::unique_ptr<request>> waiting_;
   std::vector<std::unique_ptr<request>> running_;  // in admission order
   std::unordered_map<request_id, batch_result> results_;

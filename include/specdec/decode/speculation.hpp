@@ -67,6 +67,95 @@ struct step_cost {
   double remaining_seconds = 0.0;  //!< everything else (verify, commit, bookkeeping)
 };
 
+//! How a decoder estimates each request's acceptance rate for its speculation policy
+//! (`acceptance_estimator`).
+struct acceptance_options {
+  //! The accepted draft tokens over the tested ones (accepted, plus the first rejected), both
+  //! counts decayed by this factor per step, in [0, 1).
+  double decay = 0.9;
+  //! The prior of the decoder-wide rate (the same counts over every request), in [0, 1].
+  double prior = 0.5;
+  //! How many tested tokens a prior counts as, >= 0.
+  double prior_weight = 2.0;
+
+  //! Throws `errc::invalid_argument` naming the field out of its domain (`who`: the caller).
+  void validate(char const* who = "acceptance_options") const {
+    SPECDEC_CHECK(decay >= 0.0 && decay < 1.0, invalid_argument, who, ": acceptance decay ", decay,
+                  " is outside [0, 1)");
+    SPECDEC_CHECK(prior >= 0.0 && prior <= 1.0, invalid_argument, who, ": acceptance prior ", prior,
+                  " is outside [0, 1]");
+    SPECDEC_CHECK(prior_weight >= 0.0, invalid_argument, who, ": acceptance prior weight ",
+                  prior_weight, " is negative");
+  }
+};
+
+//! The acceptance estimates both decoders give their speculation policy. A request's estimate is
+//! its accepted draft tokens over its tested ones (the accepted, plus the first rejected), both
+//! counts decayed once per step; its prior, counted as `prior_weight` tested tokens, is the
+//! decoder's own rate (the same counts over every request, decayed per step), which has `prior` as
+//! its prior with the same weight: a request that has drafted little borrows the rate of the
+//! others, and when all were unlucky (a decoder of one sequence, say) the estimates drift back to
+//! `prior` as the evidence decays, so one unlucky step does not switch speculation off for long.
+class acceptance_estimator {
+ public:
+  //! One request's decayed counts.
+  struct counts {
+    double accepted = 0.0;
+    double tested = 0.0;
+  };
+
+  //! An estimator with `options` (validated) and no evidence.
+  explicit acceptance_estimator(acceptance_options options = {}) : options_(options) {
+    options_.validate();
+  }
+
+  //! What the policy sees of a request with counts `c`, in slot `slot`, allowed `max_draft` draft
+  //! tokens and adding `other_rows` other rows to the step.
+  [[nodiscard]] speculation_request request(counts const& c, std::size_t slot,
+                                            std::size_t max_draft,
+                                            std::size_t other_rows) const noexcept {
+    double const w = options_.prior_weight;
+    double const prior = all_.tested + w > 0.0
+                             ? (all_.accepted + options_.prior * w) / (all_.tested + w)
+                             : options_.prior;
+    return {.slot = slot,
+            .max_draft = max_draft,
+            .other_rows = other_rows,
+            .acceptance =
+                c.tested + w > 0.0 ? (c.accepted + prior * w) / (c.tested + w) : options_.prior,
+            .tested = c.tested};
+  }
+
+  //! Decays a request's counts (once per step, whether it drafts or not: evidence that is not
+  //! renewed fades toward the decoder's rate).
+  void decay(counts& c) const noexcept {
+    c.accepted *= options_.decay;
+    c.tested *= options_.decay;
+  }
+
+  //! Decays the decoder-wide counts (once per step).
+  void decay_all() noexcept { decay(all_); }
+
+  //! Adds a step's outcome for a request: `accepted` of a draft of depth `depth` (nothing when it
+  //! drafted nothing).
+  void record(counts& c, std::size_t accepted, std::size_t depth) noexcept {
+    if (depth == 0) return;
+    auto const a = static_cast<double>(accepted);
+    auto const tested = static_cast<double>(accepted + (accepted < depth ? 1 : 0));
+    c.accepted += a;
+    c.tested += tested;
+    all_.accepted += a;
+    all_.tested += tested;
+  }
+
+  //! The options.
+  [[nodiscard]] acceptance_options const& options() const noexcept { return options_; }
+
+ private:
+  acceptance_options options_;
+  counts all_;
+};
+
 //! A policy that chooses each step's draft length per request.
 //!
 //! Requirements:
@@ -216,37 +305,52 @@ class forward_cost_model {
       for (std::size_t s = 0; s < n; ++s) model.cache(slots[s]).truncate(context);
       return seconds;
     };
-    std::size_t reference = most;
+    measure(rows, rounds, time_forward);
+  }
+
+  //! The same measurement for a model of one sequence (`causal_lm`): a forward of r rows is r
+  //! causal tokens after `context` tokens in the model's own cache, cut back after it. Row counts
+  //! that do not fit the cache are left out. Clears the model's cache (before and after).
+  template <causal_lm Model>
+  requires(!batched_lm<Model>) void calibrate(Model& model, std::span<std::size_t const> rows,
+                                              std::size_t context = 64, std::size_t rounds = 3) {
+    auto& cache = model.cache();
+    std::size_t const capacity = std::min<std::size_t>(model.max_context(), cache.capacity());
+    std::vector<std::size_t> fit;
     for (std::size_t r : rows)
-      if (r > 0) reference = std::min(reference, r);
-    std::vector<std::vector<double>> ratios(rows.size());
-    std::vector<double> references;
-    for (std::size_t round = 0; round <= 3 * rounds; ++round) {
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        if (rows[i] == 0) continue;
-        bool const cheap = !ratios[i].empty() && ratios[i].front() <= 4.0;
-        if (round > rounds && !cheap) continue;
-        double const base = time_forward(reference);
-        double const seconds = rows[i] == reference ? base : time_forward(rows[i]);
-        if (round == 0 || !(base > 0.0)) continue;  // the first round warms the buffers
-        ratios[i].push_back(seconds / base);
-        references.push_back(base);
-      }
-    }
-    points_.clear();
-    calibrated_ = false;
-    if (!references.empty()) {
-      auto median = [](std::vector<double>& v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-      };
-      double const base = median(references);
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        if (!ratios[i].empty()) observe(rows[i], median(ratios[i]) * base, 1.0);
-      make_convex();
-    }
-    calibrated_ = !points_.empty();
-    scale_ = 1.0;
+      if (r > 0 && r <= capacity) fit.push_back(r);
+    std::size_t most = 1;
+    for (std::size_t r : fit) most = std::max(most, r);
+    context = std::min(context, capacity > most ? capacity - most : 0);
+    std::vector<token_id> tokens(context + most);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<token_id>((i * 7919 + 13) % model.vocab_size());
+    std::vector<position_t> positions(tokens.size());
+    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<position_t>(i);
+    std::span<token_id const> const all_tokens(tokens);
+    std::span<position_t const> const all_positions(positions);
+    struct clear_on_exit {
+      decltype(cache)& c;
+      ~clear_on_exit() { c.truncate(0); }
+    } clear{cache};
+    cache.truncate(0);
+    forward_result out;
+    std::int32_t const last = 0;
+    if (context > 0)
+      model.forward({.tokens = all_tokens.first(context),
+                     .positions = all_positions.first(context),
+                     .logits_rows = std::span<std::int32_t const>(&last, 1)},
+                    out);
+    auto time_forward = [&](std::size_t r) {
+      auto const t0 = std::chrono::steady_clock::now();
+      model.forward({.tokens = all_tokens.subspan(context, r),
+                     .positions = all_positions.subspan(context, r)},
+                    out);
+      double const seconds = detail::seconds_since(t0);
+      cache.truncate(context);
+      return seconds;
+    };
+    measure(fit, rounds, time_forward);
   }
 
   //! Makes the curve convex (its slope never falls as the rows grow) where it is compute-bound
@@ -297,6 +401,45 @@ class forward_cost_model {
     std::size_t rows;
     double seconds;
   };
+
+  // The rounds of `calibrate` over `rows` with `time_forward(r)` (seconds of a forward of r
+  // rows), then the points (see `calibrate`).
+  template <class TimeForward>
+  void measure(std::span<std::size_t const> rows, std::size_t rounds, TimeForward&& time_forward) {
+    std::size_t most = 1;
+    for (std::size_t r : rows) most = std::max(most, r);
+    std::size_t reference = most;
+    for (std::size_t r : rows)
+      if (r > 0) reference = std::min(reference, r);
+    std::vector<std::vector<double>> ratios(rows.size());
+    std::vector<double> references;
+    for (std::size_t round = 0; round <= 3 * rounds; ++round) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i] == 0) continue;
+        bool const cheap = !ratios[i].empty() && ratios[i].front() <= 4.0;
+        if (round > rounds && !cheap) continue;
+        double const base = time_forward(reference);
+        double const seconds = rows[i] == reference ? base : time_forward(rows[i]);
+        if (round == 0 || !(base > 0.0)) continue;  // the first round warms the buffers
+        ratios[i].push_back(seconds / base);
+        references.push_back(base);
+      }
+    }
+    points_.clear();
+    calibrated_ = false;
+    if (!references.empty()) {
+      auto median = [](std::vector<double>& v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      double const base = median(references);
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (!ratios[i].empty()) observe(rows[i], median(ratios[i]) * base, 1.0);
+      make_convex();
+    }
+    calibrated_ = !points_.empty();
+    scale_ = 1.0;
+  }
 
   //! The curve of the points, unscaled.
   [[nodiscard]] double shape(std::size_t rows) const noexcept {
@@ -375,17 +518,34 @@ class adaptive_speculation {
   }
 
   //! Measures the forward costs of `model` unless some are known (called by the decoder before its
-  //! first step; needs a free slot).
-  template <batched_lm Model>
+  //! first step; a `batched_lm` needs a free slot, a `causal_lm`'s cache is cleared).
+  template <class Model>
+  requires batched_lm<Model> || causal_lm<Model>
   void prepare(Model& model) {
     if (costs_.empty()) calibrate(model);
   }
 
-  //! Measures the forward costs of `model` at `options().calibration_rows`.
-  template <batched_lm Model>
+  //! Measures the forward costs of `model` at `options().calibration_rows`: all of them for a
+  //! `batched_lm`; for a `causal_lm` (one sequence: a step scores at most max_k + 1 rows, and a
+  //! few auxiliary ones) those up to max_k + 1 and the next one above.
+  template <class Model>
+  requires batched_lm<Model> || causal_lm<Model>
   void calibrate(Model& model) {
-    costs_.calibrate(model, options_.calibration_rows, options_.calibration_context,
-                     options_.calibration_rounds);
+    if constexpr (batched_lm<Model>) {
+      costs_.calibrate(model, options_.calibration_rows, options_.calibration_context,
+                       options_.calibration_rounds);
+    } else {
+      std::vector<std::size_t> rows;
+      std::size_t above = 0;  // the smallest row count above max_k + 1
+      for (std::size_t r : options_.calibration_rows) {
+        if (r <= options_.max_k + 1)
+          rows.push_back(r);
+        else if (above == 0 || r < above)
+          above = r;
+      }
+      if (above != 0) rows.push_back(above);
+      costs_.calibrate(model, rows, options_.calibration_context, options_.calibration_rounds);
+    }
   }
 
   //! The draft lengths of the step that maximise the predicted goodput (see the file comment).

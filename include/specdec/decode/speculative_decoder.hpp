@@ -9,6 +9,11 @@
 //! speculated. Then, until a stop, the phases of `sequence_step` (decode/sequence.hpp, the one
 //! home of the step): the draft limit, propose (and the auxiliary tokens of an
 //! `auxiliary_proposer`), one target forward over the draft, verify, commit.
+//! How many of its draft limit a step drafts is the `speculation_policy`'s choice, as in
+//! `batch_decoder` (decode/speculation.hpp): `fixed_speculation` (the default) drafts the whole
+//! limit every step; `adaptive_speculation` what maximises the expected committed tokens per second
+//! from the target's measured forward cost and the sequence's acceptance (`acceptance_estimator`),
+//! down to no draft at all (an autoregressive step) where speculation cannot pay.
 //! A request with `max_new_tokens` = 0 returns at once, with no tokens and
 //! `finish_reason::max_tokens`: no prefill, no proposer call (the prompt is still checked).
 //! The request's randomness is one Philox stream (config.seed, config.stream) starting at word 0.
@@ -46,6 +51,7 @@
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/detail/phase_timer.hpp"
 #include "specdec/decode/sequence.hpp"
+#include "specdec/decode/speculation.hpp"
 
 namespace specdec {
 
@@ -89,9 +95,13 @@ using step_result_t = typename step_result<Model, Proposer, Verifier, Policy>::t
 //!                  `max_nodes() const`, when it has one, is the node budget of every step.
 //! \tparam Verifier a `verifier` for Policy; owned (verifiers own scratch buffers).
 //! \tparam Policy   a `sampling_policy`; owned. The verifier uses it for every target row.
+//! \tparam Speculation a `speculation_policy`; owned: each step's draft length within the limit
+//!                  (its `prepare(target)`, when it has one, runs before the first request; it
+//!                  keeps what it learns across requests).
 //! Pairings that cannot work are rejected at compile time (see `compatible_v`).
 //! Not thread-safe: one request at a time per decoder.
-template <causal_lm Model, proposer Proposer, class Verifier, sampling_policy Policy>
+template <causal_lm Model, proposer Proposer, class Verifier, sampling_policy Policy,
+          speculation_policy Speculation = fixed_speculation>
 requires verifier<Verifier, Policy>
 class speculative_decoder {
   static_assert(!(samples_drafts_v<Proposer> && greedy_only_v<Verifier>),
@@ -108,23 +118,28 @@ class speculative_decoder {
                 "auxiliary(ctx, tree, aux) or observe(tree_logits, aux_logits, result)");
 
  public:
-  using model_type = Model;        //!< the target model
-  using proposer_type = Proposer;  //!< the drafting strategy
-  using verifier_type = Verifier;  //!< the acceptance rule
-  using policy_type = Policy;      //!< the sampling policy
+  using model_type = Model;              //!< the target model
+  using proposer_type = Proposer;        //!< the drafting strategy
+  using verifier_type = Verifier;        //!< the acceptance rule
+  using policy_type = Policy;            //!< the sampling policy
+  using speculation_type = Speculation;  //!< the draft-length policy
   //! What the target's forward fills: `forward_result` (host rows), or the model's device result
   //! (see the file comment).
   using result_type = detail::step_result_t<Model, Proposer, Verifier, Policy>;
 
-  //! A decoder scoring drafts of `proposer` with `target`. `target` and `proposer` must outlive
-  //! the decoder. Throws `errc::invalid_argument` for a bad configuration.
+  //! A decoder scoring drafts of `proposer` with `target`, each step's draft length chosen by
+  //! `speculation` from the acceptance estimates of `acceptance`. `target` and `proposer` must
+  //! outlive the decoder. Throws `errc::invalid_argument` for a bad configuration.
   speculative_decoder(Model& target, Proposer& proposer, Verifier verifier, Policy policy,
-                      decode_config config = {})
+                      decode_config config = {}, Speculation speculation = {},
+                      acceptance_options acceptance = {})
       : target_(&target),
         proposer_(&proposer),
         verifier_(std::move(verifier)),
         policy_(std::move(policy)),
-        config_(std::move(config)) {
+        config_(std::move(config)),
+        speculation_(std::move(speculation)),
+        acceptance_((acceptance.validate("speculative_decoder"), acceptance)) {
     config_.validate(target.vocab_size());
   }
 
@@ -169,6 +184,8 @@ class speculative_decoder {
   [[nodiscard]] Verifier& get_verifier() noexcept { return verifier_; }
   //! The owned sampling policy.
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+  //! The owned draft-length policy (what it learnt persists across requests).
+  [[nodiscard]] Speculation& speculation() noexcept { return speculation_; }
 
  private:
   static constexpr char const* who = "speculative_decoder";
@@ -176,8 +193,13 @@ class speculative_decoder {
   // The phases of `sequence_step`, in order, each timed back to back.
   void run(std::span<token_id const> prompt, decode_config const& config, Policy const& policy,
            decode_result& out, token_callback const* on_token, request_observer const* observer) {
-    auto const request_start = std::chrono::steady_clock::now();
     Model& target = *target_;
+    if (!prepared_) {  // before the request's clock starts
+      if constexpr (requires(Speculation & s, Model & m) { s.prepare(m); })
+        speculation_.prepare(target);
+      prepared_ = true;
+    }
+    auto const request_start = std::chrono::steady_clock::now();
     std::size_t const budget = node_budget(*proposer_, config);
     std::size_t const capacity = detail::start_request(target, prompt, config, budget, who);
     step_.begin(prompt, config, budget, capacity, out, on_token, observer,
@@ -196,24 +218,37 @@ class speculative_decoder {
     }
     proposer_->begin(prompt);
     timer.lap(detail::phase::prefill);
+    acceptance_estimator::counts seen;  // this request's acceptance evidence
     while (!step_.done()) {
+      auto const step_start = std::chrono::steady_clock::now();
       std::optional<std::size_t> const limit = step_.draft_limit();
       if (!limit) break;
-      propose_context const ctx = step_.context(*limit);
+      speculation_request const wanted = acceptance_.request(seen, 0, *limit, 1);
+      acceptance_.decay(seen);
+      acceptance_.decay_all();
+      std::size_t k = 0;
+      speculation_.choose(std::span<speculation_request const>(&wanted, 1),
+                          std::span<std::size_t>(&k, 1));
+      k = std::min(k, *limit);
+      propose_context const ctx = step_.context(k);
       proposer_->propose(ctx, step_.tree());
       if constexpr (has_auxiliary_tokens_v<Proposer>)
         step_.auxiliary(
             [&](auxiliary_batch& aux) { proposer_->auxiliary(ctx, step_.tree(), aux); });
-      step_.check_draft(*limit, who);
+      step_.check_draft(k, who);
       timer.lap(detail::phase::propose);
-      target.forward(step_.request(), fwd_);
+      auto const score_start = std::chrono::steady_clock::now();
+      forward_request const& req = step_.request();
+      std::size_t const rows = req.tokens.size();
+      target.forward(req, fwd_);
       timer.lap(detail::phase::score);
+      auto const score_end = std::chrono::steady_clock::now();
       step_.verify(verifier_, tree_logits(), policy, who);
       timer.lap(detail::phase::verify);
       if (on_step != nullptr)
         (*on_step)(
             step_event{.step = out.stats.steps, .tree = &step_.tree(), .result = &step_.result()});
-      (void)step_.commit(
+      step_stats const& done = step_.commit(
           target.cache(), host_rows(), hidden_rows(fwd_),
           [&] {
             if constexpr (has_auxiliary_tokens_v<Proposer>)
@@ -225,6 +260,18 @@ class speculative_decoder {
           },
           who);
       timer.lap(detail::phase::commit);
+      acceptance_.record(seen, done.accepted, done.tree_depth);
+      double const propose_seconds =
+          std::chrono::duration<double>(score_start - step_start).count();
+      double const forward_seconds = std::chrono::duration<double>(score_end - score_start).count();
+      speculation_.observe(step_cost{
+          .requests = 1,
+          .rows = rows,
+          .drafted = done.tree_size,
+          .forward_seconds = forward_seconds,
+          .propose_seconds = propose_seconds,
+          .remaining_seconds = std::max(
+              0.0, detail::seconds_since(step_start) - forward_seconds - propose_seconds)});
     }
     timer.finish(out.stats, request_start);
   }
@@ -256,6 +303,9 @@ class speculative_decoder {
   Verifier verifier_;
   Policy policy_;
   decode_config config_;
+  Speculation speculation_;
+  acceptance_estimator acceptance_;
+  bool prepared_ = false;
   sequence_step<Proposer> step_;
   result_type fwd_;
   forward_result prefill_;
