@@ -326,6 +326,74 @@ TEST_CASE(
   }
 }
 
+// Steps that may draft nothing (a speculation policy's choice) keep the feature rows and feed
+// them to the head at the next step that drafts, in one call: that step's tree, and the head's
+// output, are those of a fresh proposer given every feature.
+TEST_CASE("eagle proposer: steps that draft nothing defer the head's rows") {
+  std::mt19937_64 rng(7);
+  for (auto const& head : random_heads()) {
+    CAPTURE(static_cast<int>(head->config.version));
+    sd::cpu_eagle_head runner(head), fresh_runner(head);
+    sd::eagle_tree_config const cfg{.depth = 3, .top_k = 3, .nodes = 8};
+    cpu_eagle p(runner, cfg), fresh(fresh_runner, cfg);
+    std::vector<sd::token_id> tokens = {1, 5, 40, 12};
+    p.begin(tokens);
+    std::size_t from = 0;
+    std::size_t deferred = 0, drafted = 0;
+    sd::draft_tree tree(65), want(65);
+    for (int step = 0; step < 16; ++step) {
+      CAPTURE(step);
+      bool const idle = step % 4 != 3;  // three steps of no draft, then one that drafts
+      auto ctx = propose_test::make_ctx(tokens, idle ? 0 : 64);
+      feature_rows const rows(*head, tokens, from, tokens.size() - 1);
+      ctx.target_hidden = rows.view;
+      std::size_t const before = p.committed_entries();
+      p.propose(ctx, tree);
+      if (idle) {
+        CHECK(tree.size() == 1);
+        CHECK(p.committed_entries() == before);  // the head ran no row
+        CHECK(p.committed_entries() + p.pending_entries() == tokens.size() - 1);
+        CHECK(runner.cache().size() == before);
+        ++deferred;
+      } else {
+        CHECK(p.committed_entries() == tokens.size() - 1);
+        CHECK(p.pending_entries() == 0);
+        fresh.begin(tokens);
+        auto fctx = propose_test::make_ctx(tokens, 64);
+        feature_rows const all(*head, tokens, 0, tokens.size() - 1);
+        fctx.target_hidden = all.view;
+        fresh.propose(fctx, want);
+        REQUIRE(tree.size() == want.size());
+        CHECK(tree.size() > 1);
+        for (sd::node_index i = 0; static_cast<std::size_t>(i) < tree.size(); ++i) {
+          CHECK(tree.token(i) == want.token(i));
+          CHECK(tree.parent(i) == want.parent(i));
+        }
+        CHECK(std::equal(p.last_output().begin(), p.last_output().end(),
+                         fresh.last_output().begin(), fresh.last_output().end()));
+        ++drafted;
+      }
+      // Accept the first child when there is one, then a random bonus token.
+      sd::verify_result r;
+      if (tree.size() > 1 && rng() % 2 == 0) {
+        r.accepted_nodes.push_back(1);
+        r.tokens.push_back(tree.token(1));
+      }
+      r.tokens.push_back(static_cast<sd::token_id>(rng() % 75));
+      p.accept(r);
+      from = tokens.size() - 1;
+      tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+    }
+    CHECK(deferred == 12);
+    CHECK(drafted == 4);
+    // Rows that do not continue the pairs (fed and pending) are refused.
+    auto ctx = propose_test::make_ctx(tokens, 0);
+    feature_rows const gap(*head, tokens, from + 1, tokens.size() - 1);
+    ctx.target_hidden = gap.view;
+    CHECK_THROWS_AS(p.propose(ctx, tree), sd::error);
+  }
+}
+
 TEST_CASE("eagle proposer: a one-token prompt drafts nothing; bad rows and configs throw") {
   auto const head = random_heads()[1];
   sd::cpu_eagle_head runner(head);
@@ -348,10 +416,16 @@ TEST_CASE("eagle proposer: a one-token prompt drafts nothing; bad rows and confi
   check_error([&] { p.propose(c, tree); }, sd::errc::invalid_argument,
               "feature rows from token 1 do not continue");
   c.target_hidden = rows.view;
-  c.max_nodes = 0;  // nothing drafted, the pairs still appended
+  c.max_nodes = 0;  // nothing drafted: the pairs wait for the next step that drafts
   p.propose(c, tree);
   CHECK(tree.num_drafted() == 0);
+  CHECK(p.committed_entries() == 0);
+  CHECK(p.pending_entries() == 3);
+  c.max_nodes = 4;  // the same rows again (no token committed since): now fed, and a draft
+  p.propose(c, tree);
   CHECK(p.committed_entries() == 3);
+  CHECK(p.pending_entries() == 0);
+  CHECK(tree.num_drafted() > 0);
   check_error([&] { cpu_eagle(runner, sd::eagle_tree_config{.depth = 0}); },
               sd::errc::invalid_argument, "depth 0");
   check_error([&] { cpu_eagle(runner, sd::eagle_tree_config{.top_k = 41}); },

@@ -159,22 +159,29 @@ class eagle_proposer {
   void begin(std::span<token_id const> /*prompt*/) {
     runner_->cache().truncate(0);
     committed_ = 0;
+    pending_rows_ = 0;
     history_.clear();
     have_out_ = false;
   }
 
   //! Appends the pairs of the rows of ctx.target_hidden (the features of the tokens committed
   //! since the last step) to the head's cache, then resets `tree` to the root ctx.tokens.back()
-  //! and drafts at most min(max_nodes(), ctx.max_nodes, tree.capacity() - 1) nodes. Throws
-  //! `errc::invalid_argument` for feature rows of the wrong width or that do not continue the
-  //! head's cache, `errc::numerical` for NaN logits.
+  //! and drafts at most min(max_nodes(), ctx.max_nodes, tree.capacity() - 1) nodes. A step that
+  //! may draft nothing (a speculation policy's choice) only keeps the rows: the head reads them,
+  //! all in one call, at the next step that drafts. Throws `errc::invalid_argument` for feature
+  //! rows of the wrong width or that do not continue the head's pairs, `errc::numerical` for NaN
+  //! logits.
   void propose(propose_context const& ctx, draft_tree& tree) {
     SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument,
                   "eagle_proposer: propose with no committed tokens");
     tree.reset(ctx.tokens.back());
     if (tree.has_q()) tree.enable_q(0);
-    extend(ctx);
     std::size_t const budget = std::min({max_nodes(), ctx.max_nodes, tree.capacity() - 1});
+    if (budget == 0) {
+      defer(ctx);
+      return;
+    }
+    extend(ctx);
     std::size_t const t = ctx.tokens.size();
     // Entries the head can still take, and positions (a node at depth d sits at t - 2 + d).
     std::size_t const cap = runner_->max_context();
@@ -209,6 +216,8 @@ class eagle_proposer {
   [[nodiscard]] bool static_tree() const noexcept { return static_; }
   //! Committed pairs in the head's cache.
   [[nodiscard]] std::size_t committed_entries() const noexcept { return committed_; }
+  //! Committed pairs whose feature rows wait for the next step that drafts.
+  [[nodiscard]] std::size_t pending_entries() const noexcept { return pending_rows_; }
   //! [hidden_size] the output of the last committed pair (what predicts the root's children).
   [[nodiscard]] std::span<float const> last_output() const noexcept {
     return have_out_ ? std::span<float const>(last_out_) : std::span<float const>();
@@ -251,42 +260,75 @@ class eagle_proposer {
     log_prob_.resize(nodes + 1);
   }
 
-  // Appends the pairs of ctx.target_hidden to the head's cache (see `propose`).
-  void extend(propose_context const& ctx) {
+  // Checks that ctx.target_hidden's rows continue the head's pairs (fed, or pending), drops
+  // those they replace (a head cache entry, or a pending row, from their first pair on) and
+  // notes the committed tokens.
+  void check_rows(propose_context const& ctx) {
     std::size_t const t = ctx.tokens.size();
     std::size_t const r = ctx.target_hidden.rows();
     SPECDEC_CHECK(r < t, invalid_argument, "eagle_proposer: ", r, " feature rows for ", t,
                   " committed tokens (the root has none yet)");
     std::size_t const first = t - 1 - r;  // the first new pair's index
+    std::size_t const known = committed_ + pending_rows_;
     runner_->cache().truncate(std::min(runner_->cache().size(), committed_));
     // The last kept pair, first - 1, paired f_{first - 1} with x_first.
     bool const continues =
-        first <= committed_ &&
+        first <= known &&
         (first == 0 || (first < history_.size() && history_[first] == ctx.tokens[first]));
     SPECDEC_CHECK(continues, invalid_argument, "eagle_proposer: feature rows from token ", first,
-                  " do not continue the head's ", committed_,
-                  " entries (a new sequence needs begin(), and the decoder passes the rows of "
+                  " do not continue the head's ", known,
+                  " pairs (a new sequence needs begin(), and the decoder passes the rows of "
                   "every token it commits)");
     if (first < committed_) {
       runner_->cache().truncate(first);
       committed_ = first;
       have_out_ = false;
     }
+    pending_rows_ = first - committed_;
     history_.assign(ctx.tokens.begin(), ctx.tokens.end());
-    if (r == 0) return;
-    SPECDEC_CHECK(ctx.target_hidden.cols() == runner_->feature_width(), invalid_argument,
+    SPECDEC_CHECK(r == 0 || ctx.target_hidden.cols() == runner_->feature_width(), invalid_argument,
                   "eagle_proposer: feature rows of ", ctx.target_hidden.cols(),
                   " floats for a head reading ", runner_->feature_width());
+  }
+
+  // Keeps ctx.target_hidden's rows after the pending ones (see `propose`).
+  void defer(propose_context const& ctx) {
+    check_rows(ctx);
+    std::size_t const r = ctx.target_hidden.rows(), w = runner_->feature_width();
+    if (r == 0) return;
+    pending_.resize((pending_rows_ + r) * w);
+    for (std::size_t i = 0; i < r; ++i) {
+      std::span<float const> const row = ctx.target_hidden.row(i);
+      std::copy(row.begin(), row.end(),
+                pending_.begin() + static_cast<std::ptrdiff_t>((pending_rows_ + i) * w));
+    }
+    pending_rows_ += r;
+    have_out_ = false;  // last_out_ is no longer the last pair's output
+  }
+
+  // Appends the pending pairs and those of ctx.target_hidden to the head's cache (see `propose`).
+  void extend(propose_context const& ctx) {
+    matrix_view<float const> rows = ctx.target_hidden;
+    if (pending_rows_ > 0) {  // the pending rows, then ctx's, in one call of the head
+      defer(ctx);
+      rows = matrix_view<float const>(pending_.data(), pending_rows_, runner_->feature_width());
+    } else {
+      check_rows(ctx);  // then pending_rows_ stays 0: ctx's rows start at a fed pair
+    }
+    std::size_t const r = rows.rows();
+    if (r == 0) return;
+    std::size_t const first = committed_;
     std::size_t const d = runner_->hidden_size();
     feed_positions_.resize(r);
     feed_out_.resize(r * d);
     for (std::size_t i = 0; i < r; ++i) feed_positions_[i] = static_cast<position_t>(first + i);
-    eagle_batch const batch{.inputs = ctx.target_hidden,
+    eagle_batch const batch{.inputs = rows,
                             .from_target = true,
                             .tokens = ctx.tokens.subspan(first + 1, r),
                             .positions = feed_positions_};
     runner_->forward(batch, matrix_view<float>(feed_out_.data(), r, d));
-    committed_ = t - 1;
+    committed_ = first + r;
+    pending_rows_ = 0;
     std::copy(feed_out_.end() - static_cast<std::ptrdiff_t>(d), feed_out_.end(), last_out_.begin());
     have_out_ = true;
     runner_->logits(matrix_view<float const>(last_out_.data(), 1, d),
@@ -477,6 +519,8 @@ class eagle_proposer {
   std::vector<double> log_prob_;                  // static: [size + 1] log path probability
 
   std::size_t committed_ = 0;       // committed pairs in the head's cache
+  std::vector<float> pending_;      // [pending_rows_, feature width] rows of pairs not yet fed
+  std::size_t pending_rows_ = 0;    // pairs committed_, committed_ + 1, ... waiting in pending_
   std::vector<token_id> history_;   // the committed tokens at the last step (root included)
   bool have_out_ = false;           // whether last_out_ holds the last pair's output
   std::vector<float> last_out_;     // [dim] the output of the last committed pair
