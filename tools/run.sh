@@ -3,7 +3,8 @@
 #   bash tools/run.sh generate [flags...]  builds the release preset and runs speculative
 #                                          generation on the stories260K fixture with statistics;
 #                                          flags are added to the default run's (a flag given
-#                                          replaces the default of the same flag)
+#                                          replaces the default of the same flag); without flags
+#                                          also on the fixture widened to a memory-bound shape
 #   bash tools/run.sh test [ctest args...] builds what the dev preset's tests need and runs them
 # Installs the Debian packages it needs when they are missing (needs root or sudo). Build output
 # goes to stderr, so that stdout holds only the program's output (`generate --json | jq` works).
@@ -60,12 +61,12 @@ case "$cmd" in
     # milliseconds). Each flag given replaces its default: --model also the default tokenizer,
     # --prompt-file the default prompt, --strategy the default strategy and its options.
     defaults=()
+    draft=tools/draft/stories_draft.bin
     if ! given --model "$@"; then
       defaults+=(--model "$SPECDEC_MODEL_DIR/stories260K.bin")
       given --tokenizer "$@" || defaults+=(--tokenizer "$SPECDEC_MODEL_DIR/tok512.bin")
     fi
     if ! given --strategy "$@"; then
-      draft=tools/draft/stories_draft.bin
       if [ -f "$draft" ]; then
         given --draft "$@" || defaults+=(--strategy draft --draft "$draft")
       else
@@ -79,7 +80,29 @@ case "$cmd" in
     given -n "$@" || defaults+=(-n 200)
     given --compare "$@" || defaults+=(--compare)
     given --repeat "$@" || defaults+=(--repeat 5)
-    exec "build/$preset/tools/specdec-generate" "${defaults[@]}" "$@"
+    if [ "$#" -gt 0 ] || [ "${SPECDEC_WIDENED:-1}" = 0 ] || [ ! -f "$draft" ]; then
+      exec "build/$preset/tools/specdec-generate" "${defaults[@]}" "$@"
+    fi
+    "build/$preset/tools/specdec-generate" "${defaults[@]}"
+    # Without flags (and unless SPECDEC_WIDENED=0), the same model and draft again, widened with
+    # zeros to the stories110M shape (docs/models.md, "Widened models"; made once, into
+    # build/widened): the same function and acceptance, but a forward that streams 313 MB of
+    # weights, where scoring a few rows costs about what one costs and speculation pays. Each
+    # step's draft length is chosen from the forward's measured cost (--speculate adaptive).
+    cmake --build --preset "$preset" -j "$jobs" --target specdec-widen >&2
+    widen="build/$preset/tools/specdec-widen"
+    mkdir -p build/widened
+    target=build/widened/stories260K-stories110M.bin
+    wide_draft=build/widened/stories_draft-wide.bin
+    [ -f "$target" ] ||
+      "$widen" --model "$SPECDEC_MODEL_DIR/stories260K.bin" --preset stories110M -o "$target" >&2
+    [ -f "$wide_draft" ] ||
+      "$widen" --model "$draft" --dim 256 --hidden-dim 1024 --layers 4 -o "$wide_draft" >&2
+    echo
+    echo "== stories260K widened to the stories110M shape (memory-bound), draft widened to 5%"
+    exec "build/$preset/tools/specdec-generate" --model "$target" \
+      --tokenizer "$SPECDEC_MODEL_DIR/tok512.bin" --strategy draft --draft "$wide_draft" -k 4 \
+      --speculate adaptive --prompt "Once upon a time" -n 128 --compare --repeat 3
     ;;
   *)
     echo "usage: bash tools/run.sh {test|generate} [args...]" >&2

@@ -12,10 +12,13 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cli.hpp"
 #include "model_file.hpp"
 #include "specdec/model/gguf.hpp"
+#include "specdec/model/heads.hpp"
+#include "specdec/model/heads_writer.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/tokenizer.hpp"
@@ -26,6 +29,7 @@ namespace {
 //! The command line's values as CLI11 collects them (numbers are parsed exactly afterwards).
 struct raw_options {
   std::string model, output, preset, dim, hidden_dim, n_layers, format, tokenizer;
+  std::vector<std::string> heads, heads_out;
   bool no_mmap = false;
 };
 
@@ -40,7 +44,9 @@ constexpr char const* help_head =
     "they read back the default one) while its forward reads the bytes of the larger shape. The\n"
     "head size stays: --dim must be a multiple of it, and the key/value heads grow with the query\n"
     "heads. Sizes not given keep the model's. A GGUF output embeds --tokenizer's vocabulary, or a\n"
-    "GGUF input's own.\n";
+    "GGUF input's own. Medusa and Hydra heads trained for --model (--heads DIR, each with a\n"
+    "--heads-out DIR) are widened with it, for the widened model: the same proposals, at the cost\n"
+    "of heads of the larger width (a tree.json beside them is copied).\n";
 constexpr char const* help_tail =
     "\nExit status: 0 on success, 2 for bad usage, 1 when the model cannot be read, widened or "
     "written.\n";
@@ -72,6 +78,56 @@ void declare(CLI::App& app, raw_options& r) {
                  "embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output")
       ->type_name("PATH")
       ->group(output);
+  std::string const heads = "heads";
+  app.add_option("--heads", r.heads,
+                 "Medusa or Hydra heads of --model (a directory: config.json and the heads' "
+                 "safetensors file) to widen too; repeatable")
+      ->type_name("DIR")
+      ->group(heads);
+  app.add_option("--heads-out", r.heads_out,
+                 "where the widened heads go, one directory per --heads, in order")
+      ->type_name("DIR")
+      ->group(heads);
+}
+
+//! The kind of the heads in `dir`, by their safetensors file: Medusa or Hydra (a usage_error
+//! otherwise).
+enum class heads_kind { medusa, hydra };
+heads_kind kind_of_heads(std::filesystem::path const& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir / specdec::medusa_heads_file, ec))
+    return heads_kind::medusa;
+  if (std::filesystem::is_regular_file(dir / specdec::hydra_heads_file, ec))
+    return heads_kind::hydra;
+  throw specdec_cli::usage_error("--heads: '" + dir.string() + "' holds neither " +
+                                 specdec::medusa_heads_file + " nor " + specdec::hydra_heads_file +
+                                 " (only Medusa and Hydra heads are widened)");
+}
+
+//! Widens the heads in `in` for `target` to `dim` into `out` (and copies a tree.json beside
+//! them); returns a line saying what was written.
+std::string widen_heads(std::filesystem::path const& in, std::filesystem::path const& out,
+                        specdec::llama_config const& target, std::size_t dim,
+                        specdec::file_access access) {
+  namespace fs = std::filesystem;
+  bool const medusa = kind_of_heads(in) == heads_kind::medusa;
+  if (medusa)
+    specdec::write_medusa_heads(
+        out, specdec::widen_medusa_heads(specdec::load_medusa_heads(in, target, access), dim));
+  else
+    specdec::write_hydra_heads(
+        out, specdec::widen_hydra_heads(specdec::load_hydra_heads(in, target, access), dim));
+  std::error_code ec;
+  if (fs::is_regular_file(in / specdec::heads_tree_file, ec)) {
+    fs::copy_file(in / specdec::heads_tree_file, out / specdec::heads_tree_file,
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      throw specdec::error(
+          specdec::errc::io,
+          "cannot copy '" + (in / specdec::heads_tree_file).string() + "': " + ec.message());
+  }
+  return "wrote " + out.string() + ": " + (medusa ? "Medusa" : "Hydra") + " heads, dim " +
+         std::to_string(target.dim) + " -> " + std::to_string(dim);
 }
 
 //! Reads --model, widens it and writes -o; returns the exit status. A command-line mistake is a
@@ -109,6 +165,15 @@ int run(int argc, char** argv) {
   std::string const fmt = specdec_cli::model_output_format(format, out_path);
   bool const gguf = specdec_cli::is_gguf_format(fmt);
   if (given("--tokenizer") && !gguf) throw usage_error("--tokenizer only applies to GGUF output");
+  if (r.heads.size() != r.heads_out.size())
+    throw usage_error("each --heads DIR needs its --heads-out DIR (" +
+                      std::to_string(r.heads.size()) + " --heads, " +
+                      std::to_string(r.heads_out.size()) + " --heads-out)");
+  for (std::string const& dir : r.heads) {
+    if (!std::filesystem::is_directory(dir, ec))
+      throw usage_error("--heads: no such directory '" + dir + "'");
+    (void)kind_of_heads(dir);
+  }
 
   auto const start = std::chrono::steady_clock::now();
   specdec::file_access const access =
@@ -141,6 +206,10 @@ int run(int argc, char** argv) {
       c.parameter_count(), widened.parameter_count(),
       static_cast<std::uintmax_t>(std::filesystem::file_size(out_path)),
       vocabulary ? ", with its vocabulary" : "", seconds);
+  for (std::size_t i = 0; i < r.heads.size(); ++i)
+    std::printf("%s\n", widen_heads(r.heads[i], r.heads_out[i], c,
+                                    static_cast<std::size_t>(widened.dim), access)
+                            .c_str());
   return 0;
 }
 

@@ -15,10 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/model/gguf_writer.hpp"
+#include "specdec/model/heads.hpp"
+#include "specdec/model/heads_writer.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/sampling/policy.hpp"
@@ -171,4 +174,78 @@ TEST_CASE("widen: written as GGUF or llama2.c, the widened model reads back and 
   CHECK(from_bin->config.n_kv_heads == 6);
   sd::cpu_llama l = single_threaded(from_bin);
   CHECK(greedy_tokens_of(l, prompt, 64) == expected);
+}
+
+// The final hidden row of the last token of `tokens` (a causal forward from position 0).
+std::vector<float> final_hidden_of(sd::cpu_llama& m, std::vector<sd::token_id> const& tokens) {
+  m.cache().truncate(0);
+  std::vector<sd::position_t> positions(tokens.size());
+  std::iota(positions.begin(), positions.end(), sd::position_t{0});
+  std::int32_t const last = static_cast<std::int32_t>(tokens.size() - 1);
+  sd::forward_request req;
+  req.tokens = tokens;
+  req.positions = positions;
+  req.logits_rows = std::span<std::int32_t const>(&last, 1);
+  req.want_hidden = true;
+  sd::forward_result out;
+  m.forward(req, out);
+  std::size_t const d = m.hidden_size();
+  return {out.hidden.end() - static_cast<std::ptrdiff_t>(d), out.hidden.end()};
+}
+
+// The fixture's trained Medusa and Hydra heads widened with the model (written and read back)
+// give the original heads' logits on the widened model's hidden rows, whose extra coordinates are
+// zero.
+TEST_CASE("widen: Medusa and Hydra heads widened with the model give the same logits") {
+  auto const original = fixture::stories260k();
+  auto const wide = std::make_shared<sd::llama_weights const>(
+      sd::widen_llama(*original, {.dim = 128, .hidden_dim = 256, .n_layers = 7}));
+  auto const medusa = std::make_shared<sd::medusa_weights const>(sd::load_medusa_heads(
+      test_support::source_file("tools/heads/medusa/config.json").parent_path(), original->config));
+  auto const hydra = std::make_shared<sd::hydra_weights const>(sd::load_hydra_heads(
+      test_support::source_file("tools/heads/hydra/config.json").parent_path(), original->config));
+  test_support::temp_dir dir;
+  sd::write_medusa_heads(dir.file("medusa"), sd::widen_medusa_heads(*medusa, 128));
+  sd::write_hydra_heads(dir.file("hydra"), sd::widen_hydra_heads(*hydra, 128));
+  auto const wide_medusa = std::make_shared<sd::medusa_weights const>(
+      sd::load_medusa_heads(dir.file("medusa"), wide->config));
+  auto const wide_hydra = std::make_shared<sd::hydra_weights const>(
+      sd::load_hydra_heads(dir.file("hydra"), wide->config));
+  CHECK(wide_medusa->dim == 128);
+  CHECK(wide_medusa->heads.size() == medusa->heads.size());
+  CHECK(wide_hydra->heads.size() == hydra->heads.size());
+  CHECK(sd::read_hydra_config(dir.file("hydra") / sd::heads_config_file).hidden_size == 128);
+
+  sd::cpu_llama a = single_threaded(original), b = single_threaded(wide);
+  sd::cpu_medusa_heads medusa_a(medusa), medusa_b(wide_medusa);
+  sd::cpu_hydra_heads hydra_a(hydra, original), hydra_b(wide_hydra, wide);
+  std::size_t const v = 512, k_medusa = medusa->heads.size(), k_hydra = hydra->heads.size();
+  std::vector<float> la(k_medusa * v), lb(k_medusa * v);
+  float worst = 0.0f;
+  for (auto const& prompt : fixture::encoded_prompts()) {
+    std::vector<float> const ha = final_hidden_of(a, prompt), hb = final_hidden_of(b, prompt);
+    REQUIRE(ha.size() == 64);
+    REQUIRE(hb.size() == 128);
+    CHECK(std::all_of(hb.begin() + 64, hb.end(), [](float x) { return x == 0.0f; }));
+    medusa_a.run(ha, sd::matrix_view<float>(la.data(), k_medusa, v));
+    medusa_b.run(hb, sd::matrix_view<float>(lb.data(), k_medusa, v));
+    row_gap const g = logits_gap(la, lb);
+    CHECK(g.gap <= 1e-4f * std::max(1.0f, g.scale));
+    worst = std::max(worst, g.gap);
+    // Hydra head i on the path of the prompt's last i + 1 tokens.
+    for (std::size_t i = 0; i < k_hydra && i + 1 <= prompt.size(); ++i) {
+      CAPTURE(i);
+      std::vector<sd::token_id> const path(prompt.end() - static_cast<std::ptrdiff_t>(i + 1),
+                                           prompt.end());
+      std::vector<float> ya(v), yb(v);
+      sd::matrix_view<sd::token_id const> const paths(path.data(), 1, i + 1);
+      hydra_a.run(i, ha, paths, sd::matrix_view<float>(ya.data(), 1, v));
+      hydra_b.run(i, hb, paths, sd::matrix_view<float>(yb.data(), 1, v));
+      row_gap const h = logits_gap(ya, yb);
+      CHECK(h.gap <= 1e-4f * std::max(1.0f, h.scale));
+      worst = std::max(worst, h.gap);
+    }
+  }
+  MESSAGE("largest head logit difference over the 14 prompts: " << worst);
+  CHECK_THROWS_AS((void)sd::widen_medusa_heads(*medusa, 32), sd::error);
 }

@@ -171,9 +171,9 @@ TEST_CASE("generate: --speculate adaptive sizes one request's drafts, output unc
        {std::vector<std::string>{"--strategy", "draft", "--draft", model()},
         std::vector<std::string>{"--strategy", "prompt-lookup"}}) {
     CAPTURE(strategy.at(1));
-    std::vector<std::string> args = strategy;
-    for (std::string const a : {"--speculate", "adaptive", "-n", "24"}) args.push_back(a);
-    json const j = gen_json(once(args));
+    std::vector<std::string> args = once({"--speculate", "adaptive", "-n", "24"});
+    args.insert(args.end(), strategy.begin(), strategy.end());
+    json const j = gen_json(args);
     CHECK(tokens_of(j) == reference_continuation(24));
     CHECK(str(j.at("description")).find("draft length per step: adaptive") != std::string::npos);
   }

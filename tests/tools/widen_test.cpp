@@ -8,9 +8,11 @@
 
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "specdec/model/load.hpp"
+#include "support/files.hpp"
 #include "tools/fixture.hpp"
 #include "tools/generate.hpp"
 #include "tools/process.hpp"
@@ -48,7 +50,7 @@ TEST_CASE("widen: --help lists every option and exits 0") {
   CHECK(r.err.empty());
   for (char const* flag :
        {"--model", "--no-mmap", "--preset", "stories110M", "--dim", "--hidden-dim", "--layers",
-        "-o, --output", "--format", "--tokenizer", "Exit status"}) {
+        "-o, --output", "--format", "--tokenizer", "--heads", "--heads-out", "Exit status"}) {
     CAPTURE(flag);
     CHECK(r.out.find(flag) != std::string::npos);
   }
@@ -88,6 +90,49 @@ TEST_CASE("widen: the fixture widened decodes to its greedy reference, as GGUF a
     CHECK(b.out.rfind("wrote " + bin + " (llama2c): dim 64 -> 96, hidden_dim 172 -> 172", 0) == 0);
     CHECK(greedy_tokens({"--model", bin, "--tokenizer", tools_test::vocab()}) == reference);
   }
+}
+
+// Medusa and Hydra heads widened with the model: specdec-generate with the widened heads on the
+// widened model emits the greedy reference, with the original heads' acceptance on the original.
+TEST_CASE("widen: --heads widens Medusa and Hydra heads with the model") {
+  std::filesystem::path const dir = tools_test::scratch_dir() / "widen_heads";
+  std::filesystem::create_directories(dir);
+  std::string const bin = (dir / "wide.bin").string();
+  std::string const medusa =
+      test_support::source_file("tools/heads/medusa/config.json").parent_path().string();
+  std::string const hydra =
+      test_support::source_file("tools/heads/hydra/config.json").parent_path().string();
+  std::string const wide_medusa = (dir / "medusa").string(), wide_hydra = (dir / "hydra").string();
+  process_result const r = widen({"--model", tools_test::model(), "--dim", "128", "--hidden-dim",
+                                  "256", "-o", bin, "--heads", medusa, "--heads-out", wide_medusa,
+                                  "--heads", hydra, "--heads-out", wide_hydra});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("wrote " + wide_medusa + ": Medusa heads, dim 64 -> 128") != std::string::npos);
+  CHECK(r.out.find("wrote " + wide_hydra + ": Hydra heads, dim 64 -> 128") != std::string::npos);
+  CHECK(std::filesystem::is_regular_file(std::filesystem::path(wide_medusa) / "tree.json"));
+  std::vector<std::int64_t> const reference = generate_test::reference_continuation(40);
+  for (auto const& [strategy, original, widened] :
+       {std::tuple{"medusa", medusa, wide_medusa}, std::tuple{"hydra", hydra, wide_hydra}}) {
+    CAPTURE(strategy);
+    auto const run = [&](std::string const& model, std::string const& heads) {
+      process_result const g = tools_test::run_process(
+          tools_test::program("generate"),
+          {"--model", model, "--tokenizer", tools_test::vocab(), "--strategy", strategy, "--heads",
+           heads, "--prompt", "Once upon a time", "-n", "40", "--json"});
+      INFO("stderr: " << g.err);
+      REQUIRE(g.status == 0);
+      return generate_test::parse_json(g.out);
+    };
+    auto const a = run(tools_test::model(), original), b = run(bin, widened);
+    CHECK(b.at("tokens").get<std::vector<std::int64_t>>() == reference);
+    CHECK(b.at("stats").at("accepted") == a.at("stats").at("accepted"));
+  }
+  check_widen_error({"--model", tools_test::model(), "--dim", "128", "-o", bin, "--heads", medusa},
+                    2, "each --heads DIR needs its --heads-out DIR");
+  check_widen_error({"--model", tools_test::model(), "--dim", "128", "-o", bin, "--heads",
+                     dir.string(), "--heads-out", wide_medusa},
+                    2, "holds neither");
 }
 
 TEST_CASE("widen: bad command lines and models are refused with one line") {

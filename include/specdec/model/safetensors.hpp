@@ -510,4 +510,46 @@ class safetensors_file {
   std::map<std::string, std::string> metadata_;
 };
 
+//! A float32 tensor to write (`write_safetensors`).
+struct safetensors_output {
+  std::string name;                  //!< unique, not "__metadata__"
+  std::vector<std::uint64_t> shape;  //!< row-major; its product is data.size()
+  std::span<float const> data;       //!< the values (must stay valid until the write returns)
+};
+
+//! Writes `tensors` as F32 in their order to `path` (see the file comment for the layout; the
+//! header padded with spaces to a multiple of 8 bytes) with `metadata` (strings) when not empty.
+//! What it writes reads back with `safetensors_file` exactly. Throws `errc::invalid_argument` for a
+//! duplicate or reserved name or a shape that does not match the data, `errc::io` when the file
+//! cannot be written.
+inline void write_safetensors(std::filesystem::path const& path,
+                              std::span<safetensors_output const> tensors,
+                              std::map<std::string, std::string> const& metadata = {}) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (safetensors_output const& t : tensors) {
+    SPECDEC_CHECK(t.name != "__metadata__" && !header.contains(t.name), invalid_argument,
+                  "write_safetensors: tensor name '", t.name, "' is reserved or given twice");
+    std::uint64_t count = 1;  // the shape's product, or more than the data when it overflows
+    for (std::uint64_t d : t.shape)
+      count = d != 0 && count > std::numeric_limits<std::uint64_t>::max() / d
+                  ? std::numeric_limits<std::uint64_t>::max()
+                  : count * d;
+    SPECDEC_CHECK(count == t.data.size(), invalid_argument, "write_safetensors: tensor '", t.name,
+                  "' has ", t.data.size(), " values for its shape");
+    std::uint64_t const bytes = t.data.size_bytes();
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  detail::binary_writer out(path);
+  out.write(static_cast<std::uint64_t>(text.size()));
+  out.write_bytes(text.data(), text.size());
+  for (safetensors_output const& t : tensors) out.write_bytes(t.data.data(), t.data.size_bytes());
+  out.close();
+}
+
 }  // namespace specdec

@@ -1,10 +1,11 @@
 #pragma once
 //! \file
-//! `widen_llama`: a Llama model's function in a larger shape. A small model's forward is
-//! compute-bound on a CPU (stories260K's weights are 1 MB) while a real model's streams its
-//! weights, and speculation pays only in the second regime; the widened model keeps the small
-//! model's outputs, and so its drafts' acceptance, while its forward reads and multiplies the bytes
-//! of the large shape (the kernels do not skip zeros).
+//! `widen_llama`: a Llama model's function in a larger shape (and `widen_medusa_heads`,
+//! `widen_hydra_heads`: the heads that read its hidden state, for the widened model). A small
+//! model's forward is compute-bound on a CPU (stories260K's weights are 1 MB) while a real model's
+//! streams its weights, and speculation pays only in the second regime; the widened model keeps the
+//! small model's outputs, and so its drafts' acceptance, while its forward reads and multiplies the
+//! bytes of the large shape (the kernels do not skip zeros).
 //!
 //! How: every matrix is padded with zeros around its real block (the top-left corner: real rows
 //! and columns first); the head size stays, so the real heads are the first ones, and the number
@@ -23,8 +24,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "specdec/core/error.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/weight_storage.hpp"
 
@@ -131,6 +135,88 @@ struct widen_shape {
   out.classifier = n.shared_classifier ? out.token_embedding : matrix(w.classifier, v, d, v, nd);
   SPECDEC_ASSERT(next == storage->owned.get() + storage->owned_size);
   out.storage = std::move(storage);
+  return out;
+}
+
+namespace detail {
+
+//! The buffers of widened head tensors (the heads' `storage`).
+struct widened_tensors {
+  std::vector<std::vector<float>> owned;  // a moved vector keeps its buffer: pointers stay valid
+
+  //! [rows, groups * cols] zeros with `src` ([src_rows, groups * src_cols], the concatenation of
+  //! `groups` inputs of src_cols each) placed group by group: group g's block at the top-left of
+  //! column group g (each input widened on its own).
+  float const* matrix(float const* src, std::size_t src_rows, std::size_t src_cols,
+                      std::size_t rows, std::size_t cols, std::size_t groups = 1) {
+    std::vector<float>& out = owned.emplace_back(rows * groups * cols, 0.0f);
+    for (std::size_t r = 0; r < src_rows; ++r)
+      for (std::size_t g = 0; g < groups; ++g)
+        for (std::size_t k = 0; k < src_cols; ++k)
+          out[r * groups * cols + g * cols + k] = src[(r * groups + g) * src_cols + k];
+    return out.data();
+  }
+};
+
+inline void check_head_width(std::size_t from, std::size_t to, char const* who) {
+  SPECDEC_CHECK(to >= from, invalid_argument, who, ": dim ", to, " is smaller than the heads' ",
+                from);
+}
+
+}  // namespace detail
+
+//! Medusa heads for the target `widen_llama` makes of theirs at width `dim`: every matrix padded
+//! with zeros around its real block, as the target's. The widened target's final hidden state
+//! holds the original's in its first coordinates and zeros after them, so each residual block
+//! keeps the padded coordinates zero and the heads' logits are the original heads' (up to the
+//! rounding of longer sums), at the cost of heads of that width. Throws `errc::invalid_argument`
+//! when `dim` is below the heads' width.
+[[nodiscard]] inline medusa_weights widen_medusa_heads(medusa_weights const& w, std::size_t dim) {
+  detail::check_head_width(w.dim, dim, "widen_medusa_heads");
+  auto t = std::make_shared<detail::widened_tensors>();
+  medusa_weights out;
+  out.config = w.config;
+  out.config.hidden_size = dim;
+  out.dim = dim;
+  out.vocab = w.vocab;
+  out.heads.resize(w.heads.size());
+  for (std::size_t i = 0; i < w.heads.size(); ++i) {
+    for (head_block const& b : w.heads[i].blocks)
+      out.heads[i].blocks.push_back(
+          {t->matrix(b.weight, w.dim, w.dim, dim, dim), t->matrix(b.bias, 1, w.dim, 1, dim)});
+    out.heads[i].lm_head = t->matrix(w.heads[i].lm_head, w.vocab, w.dim, w.vocab, dim);
+  }
+  out.storage = std::move(t);
+  return out;
+}
+
+//! Hydra heads widened to `dim` as `widen_medusa_heads` widens Medusa heads; each input of a head
+//! (the hidden state, then one token embedding per drafted token: the widened target's embeddings,
+//! padded with zeros) is widened on its own, so head i reads (i + 2) dim inputs.
+[[nodiscard]] inline hydra_weights widen_hydra_heads(hydra_weights const& w, std::size_t dim) {
+  detail::check_head_width(w.dim, dim, "widen_hydra_heads");
+  auto t = std::make_shared<detail::widened_tensors>();
+  hydra_weights out;
+  out.config = w.config;
+  out.config.hidden_size = dim;
+  out.dim = dim;
+  out.vocab = w.vocab;
+  out.heads.resize(w.heads.size());
+  for (std::size_t i = 0; i < w.heads.size(); ++i) {
+    hydra_weights::head const& h = w.heads[i];
+    hydra_weights::head& o = out.heads[i];
+    std::size_t const inputs = i + 2;
+    o.in_weight = t->matrix(h.in_weight, w.dim, w.dim, dim, dim, inputs);
+    o.in_bias = t->matrix(h.in_bias, 1, w.dim, 1, dim);
+    o.res_weight = t->matrix(h.res_weight, w.dim, w.dim, dim, dim, inputs);
+    o.res_bias = t->matrix(h.res_bias, 1, w.dim, 1, dim);
+    for (head_block const& b : h.blocks)
+      o.blocks.push_back(
+          {t->matrix(b.weight, w.dim, w.dim, dim, dim), t->matrix(b.bias, 1, w.dim, 1, dim)});
+    o.lm_head = t->matrix(h.lm_head, w.vocab, w.dim, w.vocab, dim);
+    o.lm_bias = t->matrix(h.lm_bias, 1, w.vocab, 1, w.vocab);
+  }
+  out.storage = std::move(t);
   return out;
 }
 
