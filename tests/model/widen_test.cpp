@@ -33,8 +33,10 @@ namespace sd = specdec;
 
 namespace {
 
-// The last row's logits after a causal forward of `tokens` from position 0.
-std::vector<float> last_logits(sd::cpu_llama& m, std::vector<sd::token_id> const& tokens) {
+// The last row's outputs after a causal forward of `tokens` from position 0 (with the final
+// hidden row when `hidden`).
+sd::forward_result last_row(sd::cpu_llama& m, std::vector<sd::token_id> const& tokens,
+                            bool hidden = false) {
   m.cache().truncate(0);
   std::vector<sd::position_t> positions(tokens.size());
   std::iota(positions.begin(), positions.end(), sd::position_t{0});
@@ -43,10 +45,16 @@ std::vector<float> last_logits(sd::cpu_llama& m, std::vector<sd::token_id> const
   req.tokens = tokens;
   req.positions = positions;
   req.logits_rows = std::span<std::int32_t const>(&last, 1);
+  req.want_hidden = hidden;
   sd::forward_result out;
   m.forward(req, out);
   REQUIRE(out.logits_count == 1);
-  return out.logits;
+  return out;
+}
+
+// The last row's logits.
+std::vector<float> last_logits(sd::cpu_llama& m, std::vector<sd::token_id> const& tokens) {
+  return last_row(m, tokens).logits;
 }
 
 // Greedy tokens after `prompt`, `n` of them.
@@ -178,17 +186,7 @@ TEST_CASE("widen: written as GGUF or llama2.c, the widened model reads back and 
 
 // The final hidden row of the last token of `tokens` (a causal forward from position 0).
 std::vector<float> final_hidden_of(sd::cpu_llama& m, std::vector<sd::token_id> const& tokens) {
-  m.cache().truncate(0);
-  std::vector<sd::position_t> positions(tokens.size());
-  std::iota(positions.begin(), positions.end(), sd::position_t{0});
-  std::int32_t const last = static_cast<std::int32_t>(tokens.size() - 1);
-  sd::forward_request req;
-  req.tokens = tokens;
-  req.positions = positions;
-  req.logits_rows = std::span<std::int32_t const>(&last, 1);
-  req.want_hidden = true;
-  sd::forward_result out;
-  m.forward(req, out);
+  sd::forward_result const out = last_row(m, tokens, true);
   std::size_t const d = m.hidden_size();
   return {out.hidden.end() - static_cast<std::ptrdiff_t>(d), out.hidden.end()};
 }

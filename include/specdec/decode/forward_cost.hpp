@@ -96,11 +96,9 @@ class forward_cost_model {
         std::min<std::size_t>(model.max_context(), model.cache(slots[0]).capacity());
     std::size_t const per_segment = (most + count - 1) / count;
     context = std::min(context, capacity > per_segment ? capacity - per_segment : 0);
-    std::vector<token_id> tokens(context + per_segment);
-    for (std::size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = static_cast<token_id>((i * 7919 + 13) % model.vocab_size());
-    std::vector<position_t> positions(tokens.size());
-    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<position_t>(i);
+    std::vector<token_id> tokens;
+    std::vector<position_t> positions;
+    calibration_sequence(context + per_segment, model.vocab_size(), tokens, positions);
     std::span<token_id const> const all_tokens(tokens);
     std::span<position_t const> const all_positions(positions);
     batch_forward_result out;
@@ -146,11 +144,9 @@ class forward_cost_model {
     std::size_t most = 1;
     for (std::size_t r : fit) most = std::max(most, r);
     context = std::min(context, capacity > most ? capacity - most : 0);
-    std::vector<token_id> tokens(context + most);
-    for (std::size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = static_cast<token_id>((i * 7919 + 13) % model.vocab_size());
-    std::vector<position_t> positions(tokens.size());
-    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<position_t>(i);
+    std::vector<token_id> tokens;
+    std::vector<position_t> positions;
+    calibration_sequence(context + most, model.vocab_size(), tokens, positions);
     std::span<token_id const> const all_tokens(tokens);
     std::span<position_t const> const all_positions(positions);
     struct clear_on_exit {
@@ -225,6 +221,17 @@ class forward_cost_model {
     std::size_t rows;
     double seconds;
   };
+
+  // `n` tokens spread over the vocabulary at positions 0..n-1: what `calibrate` scores.
+  static void calibration_sequence(std::size_t n, std::size_t vocab, std::vector<token_id>& tokens,
+                                   std::vector<position_t>& positions) {
+    tokens.resize(n);
+    positions.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      tokens[i] = static_cast<token_id>((i * 7919 + 13) % vocab);
+      positions[i] = static_cast<position_t>(i);
+    }
+  }
 
   // The rounds of `calibrate` over `rows` with `time_forward(r)` (seconds of a forward of r
   // rows), then the points (see `calibrate`).

@@ -158,9 +158,19 @@ struct widened_tensors {
   }
 };
 
-inline void check_head_width(std::size_t from, std::size_t to, char const* who) {
-  SPECDEC_CHECK(to >= from, invalid_argument, who, ": dim ", to, " is smaller than the heads' ",
-                from);
+//! Heads weights W (medusa_weights, hydra_weights) of `w`'s config and vocabulary at width `dim`,
+//! with as many empty heads; throws `errc::invalid_argument` when `dim` is below `w`'s (`who`).
+template <class W>
+[[nodiscard]] W start_widened_heads(W const& w, std::size_t dim, char const* who) {
+  SPECDEC_CHECK(dim >= w.dim, invalid_argument, who, ": dim ", dim, " is smaller than the heads' ",
+                w.dim);
+  W out;
+  out.config = w.config;
+  out.config.hidden_size = dim;
+  out.dim = dim;
+  out.vocab = w.vocab;
+  out.heads.resize(w.heads.size());
+  return out;
 }
 
 }  // namespace detail
@@ -172,14 +182,8 @@ inline void check_head_width(std::size_t from, std::size_t to, char const* who) 
 //! rounding of longer sums), at the cost of heads of that width. Throws `errc::invalid_argument`
 //! when `dim` is below the heads' width.
 [[nodiscard]] inline medusa_weights widen_medusa_heads(medusa_weights const& w, std::size_t dim) {
-  detail::check_head_width(w.dim, dim, "widen_medusa_heads");
+  auto out = detail::start_widened_heads(w, dim, "widen_medusa_heads");
   auto t = std::make_shared<detail::widened_tensors>();
-  medusa_weights out;
-  out.config = w.config;
-  out.config.hidden_size = dim;
-  out.dim = dim;
-  out.vocab = w.vocab;
-  out.heads.resize(w.heads.size());
   for (std::size_t i = 0; i < w.heads.size(); ++i) {
     for (head_block const& b : w.heads[i].blocks)
       out.heads[i].blocks.push_back(
@@ -194,14 +198,8 @@ inline void check_head_width(std::size_t from, std::size_t to, char const* who) 
 //! (the hidden state, then one token embedding per drafted token: the widened target's embeddings,
 //! padded with zeros) is widened on its own, so head i reads (i + 2) dim inputs.
 [[nodiscard]] inline hydra_weights widen_hydra_heads(hydra_weights const& w, std::size_t dim) {
-  detail::check_head_width(w.dim, dim, "widen_hydra_heads");
+  auto out = detail::start_widened_heads(w, dim, "widen_hydra_heads");
   auto t = std::make_shared<detail::widened_tensors>();
-  hydra_weights out;
-  out.config = w.config;
-  out.config.hidden_size = dim;
-  out.dim = dim;
-  out.vocab = w.vocab;
-  out.heads.resize(w.heads.size());
   for (std::size_t i = 0; i < w.heads.size(); ++i) {
     hydra_weights::head const& h = w.heads[i];
     hydra_weights::head& o = out.heads[i];
