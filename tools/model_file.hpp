@@ -54,6 +54,18 @@ inline constexpr char const* model_format_help =
     "llama2c (legacy), llama2c-v1, llama2c-q8 (version 2, Q8_0), gguf-f32, gguf-f16, gguf-bf16 "
     "(default: gguf-f32 for a .gguf output, else llama2c)";
 
+//! Declares a model-writing program's output options in `group`: -o/--output PATH (required by the
+//! program), --format F and --tokenizer PATH (a vocabulary for a GGUF output; `tokenizer_help`).
+inline void declare_model_output(CLI::App& app, std::string& output, std::string& format,
+                                 std::string& tokenizer, std::string const& tokenizer_help,
+                                 std::string const& group) {
+  app.add_option("-o,--output", output, "the file to write (required)")
+      ->type_name("PATH")
+      ->group(group);
+  app.add_option("--format", format, model_format_help)->type_name("F")->group(group);
+  app.add_option("--tokenizer", tokenizer, tokenizer_help)->type_name("PATH")->group(group);
+}
+
 //! The format `format` names, or the default for the output `path` (see model_format_help);
 //! throws usage_error for an unknown one.
 inline std::string model_output_format(std::optional<std::string> const& format,

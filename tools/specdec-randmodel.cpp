@@ -93,17 +93,11 @@ void declare(CLI::App& app, raw_options& r) {
       ->type_name("X")
       ->default_val("0.02")
       ->group(weights);
-  app.add_option("-o,--output", r.output, "the file to write (required)")
-      ->type_name("PATH")
-      ->group(output);
-  app.add_option("--format", r.format, specdec_cli::model_format_help)
-      ->type_name("F")
-      ->group(output);
-  app.add_option("--tokenizer", r.tokenizer,
-                 "embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output; its size must "
-                 "equal --vocab")
-      ->type_name("PATH")
-      ->group(output);
+  specdec_cli::declare_model_output(
+      app, r.output, r.format, r.tokenizer,
+      "embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output; its size must "
+      "equal --vocab",
+      output);
 }
 
 }  // namespace

@@ -68,16 +68,9 @@ void declare(CLI::App& app, raw_options& r) {
       ->group(shape);
   app.add_option("--hidden-dim", r.hidden_dim, "SwiGLU inner width")->type_name("N")->group(shape);
   app.add_option("--layers", r.n_layers, "transformer layers")->type_name("N")->group(shape);
-  app.add_option("-o,--output", r.output, "the file to write (required)")
-      ->type_name("PATH")
-      ->group(output);
-  app.add_option("--format", r.format, specdec_cli::model_format_help)
-      ->type_name("F")
-      ->group(output);
-  app.add_option("--tokenizer", r.tokenizer,
-                 "embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output")
-      ->type_name("PATH")
-      ->group(output);
+  specdec_cli::declare_model_output(
+      app, r.output, r.format, r.tokenizer,
+      "embed this vocabulary (tokenizer.bin or GGUF) in a GGUF output", output);
   std::string const heads = "heads";
   app.add_option("--heads", r.heads,
                  "Medusa or Hydra heads of --model (a directory: config.json and the heads' "

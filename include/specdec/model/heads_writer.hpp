@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -31,6 +32,18 @@ inline void write_json_file(std::filesystem::path const& path, nlohmann::ordered
   out.close();
 }
 
+//! Writes heads: `tensors` as `file` and `config` as config.json into `dir` (created when
+//! missing); `who` names the caller in errors (`errc::io`).
+inline void write_heads_dir(std::filesystem::path const& dir, char const* file,
+                            std::span<safetensors_output const> tensors,
+                            nlohmann::ordered_json const& config, char const* who) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SPECDEC_CHECK(!ec, io, who, ": cannot create '", dir.string(), "': ", ec.message());
+  write_safetensors(dir / file, tensors);
+  write_json_file(dir / heads_config_file, config);
+}
+
 //! The sizes and base model every heads config.json states.
 inline void put_sizes(nlohmann::ordered_json& j, std::size_t dim, std::size_t vocab,
                       std::string const& base_model) {
@@ -45,9 +58,6 @@ inline void put_sizes(nlohmann::ordered_json& j, std::size_t dim, std::size_t vo
 //! config.json (with `w`'s dim and vocabulary) and medusa_lm_head.safetensors (F32). Throws
 //! `errc::io` when they cannot be written.
 inline void write_medusa_heads(std::filesystem::path const& dir, medusa_weights const& w) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  SPECDEC_CHECK(!ec, io, "write_medusa_heads: cannot create '", dir.string(), "': ", ec.message());
   nlohmann::ordered_json j;
   j["medusa_num_heads"] = w.heads.size();
   j["medusa_num_layers"] = w.config.num_layers;
@@ -66,16 +76,12 @@ inline void write_medusa_heads(std::filesystem::path const& dir, medusa_weights 
                  {v, d},
                  {w.heads[i].lm_head, w.vocab * w.dim}});
   }
-  write_safetensors(dir / medusa_heads_file, t);
-  detail::write_json_file(dir / heads_config_file, j);
+  detail::write_heads_dir(dir, medusa_heads_file, t, j, "write_medusa_heads");
 }
 
 //! Writes `w` into the directory `dir` (created when missing) as `load_hydra_heads` reads it:
 //! config.json and hydra_lm_head.safetensors (F32). Throws `errc::io` when they cannot be written.
 inline void write_hydra_heads(std::filesystem::path const& dir, hydra_weights const& w) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  SPECDEC_CHECK(!ec, io, "write_hydra_heads: cannot create '", dir.string(), "': ", ec.message());
   nlohmann::ordered_json j;
   j["hydra_num_heads"] = w.heads.size();
   j["hydra_num_layers"] = w.config.num_layers;
@@ -103,8 +109,7 @@ inline void write_hydra_heads(std::filesystem::path const& dir, hydra_weights co
     t.push_back({lm + "weight", {v, d}, {h.lm_head, w.vocab * w.dim}});
     t.push_back({lm + "bias", {v}, {h.lm_bias, w.vocab}});
   }
-  write_safetensors(dir / hydra_heads_file, t);
-  detail::write_json_file(dir / heads_config_file, j);
+  detail::write_heads_dir(dir, hydra_heads_file, t, j, "write_hydra_heads");
 }
 
 }  // namespace specdec

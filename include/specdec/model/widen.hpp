@@ -19,6 +19,7 @@
 //! another order); formats that do not store the epsilon (llama2.c) read back the default one, a
 //! difference of the order of the epsilon in the normalisation.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +73,20 @@ struct widen_shape {
   return out;
 }
 
+namespace detail {
+
+//! Copies `src` ([src_rows, groups * src_cols], the concatenation of `groups` inputs of src_cols
+//! each) into `out` ([>= src_rows, groups * cols], zeros elsewhere) group by group: group g's block
+//! at the top-left of column group g, so that each input is padded on its own.
+inline void place_blocks(float const* src, std::size_t src_rows, std::size_t src_cols, float* out,
+                         std::size_t cols, std::size_t groups = 1) noexcept {
+  for (std::size_t r = 0; r < src_rows; ++r)
+    for (std::size_t g = 0; g < groups; ++g)
+      std::copy_n(src + (r * groups + g) * src_cols, src_cols, out + r * groups * cols + g * cols);
+}
+
+}  // namespace detail
+
 //! `w` widened to `to` (see the file comment): a model of `widened_config(w.config, to)` whose
 //! outputs are `w`'s up to rounding. Allocates the whole widened model (its
 //! `parameter_count()` floats; `errc::out_of_memory` when they are not there).
@@ -97,9 +112,7 @@ struct widen_shape {
   auto const matrix = [&](float const* src, std::size_t src_rows, std::size_t src_cols,
                           std::size_t rows, std::size_t cols) -> float const* {
     std::span<float> const out = take(rows * cols);
-    if (src != nullptr)
-      for (std::size_t r = 0; r < src_rows; ++r)
-        for (std::size_t k = 0; k < src_cols; ++k) out[r * cols + k] = src[r * src_cols + k];
+    if (src != nullptr) detail::place_blocks(src, src_rows, src_cols, out.data(), cols);
     return out.data();
   };
   float const norm_scale =
@@ -144,16 +157,11 @@ namespace detail {
 struct widened_tensors {
   std::vector<std::vector<float>> owned;  // a moved vector keeps its buffer: pointers stay valid
 
-  //! [rows, groups * cols] zeros with `src` ([src_rows, groups * src_cols], the concatenation of
-  //! `groups` inputs of src_cols each) placed group by group: group g's block at the top-left of
-  //! column group g (each input widened on its own).
+  //! [rows, groups * cols] zeros with `src` placed as `place_blocks` places it.
   float const* matrix(float const* src, std::size_t src_rows, std::size_t src_cols,
                       std::size_t rows, std::size_t cols, std::size_t groups = 1) {
     std::vector<float>& out = owned.emplace_back(rows * groups * cols, 0.0f);
-    for (std::size_t r = 0; r < src_rows; ++r)
-      for (std::size_t g = 0; g < groups; ++g)
-        for (std::size_t k = 0; k < src_cols; ++k)
-          out[r * groups * cols + g * cols + k] = src[(r * groups + g) * src_cols + k];
+    place_blocks(src, src_rows, src_cols, out.data(), cols, groups);
     return out.data();
   }
 };
