@@ -26,6 +26,7 @@
 #include "specdec/core/philox.hpp"
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/stats.hpp"
+#include "specdec/core/target_handle.hpp"
 #include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
@@ -45,6 +46,7 @@
 #include "specdec/verify/typical_acceptance.hpp"
 
 // propose/: one header per drafting strategy.
+#include "specdec/propose/chain_drafter.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"

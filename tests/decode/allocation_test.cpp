@@ -72,8 +72,7 @@ TEST_CASE("no allocation per step") {
     CHECK(allocations_of(dec, 160, out) == allocations_of(dec, 40, out));
   }
   SUBCASE("layer skip, greedy") {
-    sd::layer_skip_proposer<toy::toy_lm, sd::greedy> p({.skip_layers = {1}}, sd::greedy{}, vocab,
-                                                       std::size_t{600});
+    sd::layer_skip_proposer<sd::greedy> p({.skip_layers = {1}}, sd::greedy{});
     sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{});
     CHECK(allocations_of(dec, 160, out) == allocations_of(dec, 40, out));
   }

@@ -82,8 +82,7 @@ TEST_CASE("fixture: greedy decoding reproduces the reference ids with every prop
   }
   SUBCASE("layer skip") {
     for (auto const& skip : std::vector<std::vector<std::int32_t>>{{1}, {2, 3}, {3}}) {
-      sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> p({.skip_layers = skip}, sd::greedy{},
-                                                           weights, one_thread());
+      sd::layer_skip_proposer<sd::greedy> p({.skip_layers = skip}, sd::greedy{});
       auto const s = check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
       CHECK(s.accepted > 0);
     }
@@ -114,8 +113,7 @@ TEST_CASE("fixture: greedy speculative == greedy autoregressive on every TinySto
   sd::draft_model_proposer adaptive(
       random, target, sd::greedy{},
       {.k = 2, .adaptive = true, .k_min = 1, .k_max = 5, .confidence_threshold = 0.05f});
-  sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> skip({.skip_layers = {2}}, sd::greedy{},
-                                                          weights, one_thread());
+  sd::layer_skip_proposer<sd::greedy> skip({.skip_layers = {2}}, sd::greedy{});
   sd::speculative_decoder d1(target, lookup_chain, sd::greedy_verifier{}, sd::greedy{}, config);
   sd::speculative_decoder d2(target, lookup_tree, sd::tree_verifier{}, sd::greedy{}, config);
   sd::speculative_decoder d3(target, drafted, sd::greedy_verifier{}, sd::greedy{}, config);

@@ -64,8 +64,8 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     CHECK(s.drafted > 0);
   }
   SUBCASE("layer skip (a good draft), sampled drafts, speculative sampling") {
-    sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
-        {.skip_layers = {2}, .draft = {.k = 3}}, target_policy(), weights, one_thread());
+    sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample> p(
+        {.skip_layers = {2}, .draft = {.k = 3}}, target_policy());
     sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),
                                 two_tokens());
     sd::request_stats s;
@@ -73,14 +73,14 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     CHECK(s.accepted > s.drafted / 4);  // acceptance must be substantial for the test to bite
   }
   SUBCASE("layer skip, sampled drafts, tree verifier") {
-    sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
-        {.skip_layers = {3}, .draft = {.k = 2}}, target_policy(), weights, one_thread());
+    sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample> p(
+        {.skip_layers = {3}, .draft = {.k = 2}}, target_policy());
     sd::speculative_decoder dec(target, p, sd::tree_verifier{}, target_policy(), two_tokens());
     check_counts(sample_pairs(dec, prompt), joint, trials, "layer skip, sampled, tree verifier");
   }
   SUBCASE("layer skip, greedy drafts (point masses), tree verifier") {
-    sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::greedy> p(
-        {.skip_layers = {2}, .draft = {.k = 3}}, target_policy(), weights, one_thread());
+    sd::layer_skip_proposer<sd::sampler, sd::draft_mode::greedy> p(
+        {.skip_layers = {2}, .draft = {.k = 3}}, target_policy());
     sd::speculative_decoder dec(target, p, sd::tree_verifier{}, target_policy(), two_tokens());
     sd::request_stats s;
     check_counts(sample_pairs(dec, prompt, &s), joint, trials, "greedy drafts, tree verifier");

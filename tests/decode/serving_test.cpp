@@ -41,7 +41,7 @@ namespace {
 
 using cpu_eagle = sd::eagle_proposer<sd::cpu_eagle_head>;
 using owned_eagle = sd::owning_proposer<sd::cpu_eagle_head, cpu_eagle>;
-using layer_skip = sd::layer_skip_proposer<sd::cpu_llama, sd::sampler>;
+using layer_skip = sd::layer_skip_proposer<sd::sampler>;
 
 static_assert(sd::batch_proposer<sd::per_request_proposer<owned_eagle>>);
 static_assert(sd::needs_target_hidden_v<sd::per_request_proposer<owned_eagle>>);
@@ -143,8 +143,7 @@ TEST_CASE("batch_decoder serves lookahead and Jacobi decoding as they decode alo
 
 TEST_CASE("batch_decoder serves layer-skip self-speculation as it decodes alone") {
   check_batch_equals_alone<layer_skip>("layer-skip", [] {
-    return layer_skip(sd::layer_skip_config{.skip_layers = {2}}, policy_of(0.0f),
-                      fixture::stories260k(), sd::cpu_llama_options{.threads = 1});
+    return layer_skip(sd::layer_skip_config{.skip_layers = {2}}, policy_of(0.0f));
   });
 }
 

@@ -166,8 +166,7 @@ TEST_CASE("greedy speculative decoding on the toy model equals greedy autoregres
       CHECK(r.tokens == reference.tokens);
     }
     SUBCASE("layer skip") {
-      sd::layer_skip_proposer<toy::toy_lm, sd::greedy> p({.skip_layers = {2}}, sd::greedy{}, vocab,
-                                                         context);
+      sd::layer_skip_proposer<sd::greedy> p({.skip_layers = {2}}, sd::greedy{});
       sd::speculative_decoder dec(target, p, sd::greedy_verifier{}, sd::greedy{}, config);
       auto const r = dec.generate(prompt);
       CHECK(r.tokens == reference.tokens);

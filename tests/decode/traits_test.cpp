@@ -22,7 +22,7 @@ namespace {
 
 using greedy_drafts = sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::greedy>;
 using sampled_drafts = sd::draft_model_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample>;
-using skip_sampled = sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample>;
+using skip_sampled = sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample>;
 using lookup = sd::prompt_lookup_proposer;
 
 // What the verifiers of verify/ declare, read under the members' own names.

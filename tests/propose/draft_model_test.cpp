@@ -1,6 +1,7 @@
 // draft_model_proposer and layer_skip_proposer: the draft cache after any sequence of partial and
-// full acceptances gives the logits of a fresh recomputation; q rows, modes, adaptive k, the
-// confidence cutoff, context limits and configuration errors.
+// full acceptances gives the logits of a fresh recomputation (for layer skip, on the target's own
+// cache, which keeps the committed tokens only); q rows, modes, adaptive k, the confidence cutoff,
+// context limits and configuration errors.
 #include "specdec/propose/draft_model.hpp"
 
 #include "support/doctest.hpp"
@@ -13,10 +14,14 @@
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/concepts.hpp"
 #include "specdec/core/philox.hpp"
+#include "specdec/core/target_handle.hpp"
+#include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/sampling/softmax.hpp"
+#include "specdec/verify/greedy.hpp"
+#include "support/errors.hpp"
 #include "support/fixture.hpp"
 #include "support/toy_model.hpp"
 
@@ -34,9 +39,8 @@ static_assert(!sd::samples_drafts_v<toy_greedy>);
 static_assert(sd::samples_drafts_v<toy_sampled>);
 static_assert(!sd::produces_trees_v<toy_sampled>);
 static_assert(!sd::needs_target_hidden_v<toy_sampled>);
-static_assert(sd::proposer<sd::layer_skip_proposer<sd::cpu_llama, sd::greedy>>);
-static_assert(sd::samples_drafts_v<
-              sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample>>);
+static_assert(sd::proposer<sd::layer_skip_proposer<sd::greedy>>);
+static_assert(sd::samples_drafts_v<sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample>>);
 
 sd::sampler plain_sampler() {
   return sd::sampler(sd::sampling_params{});
@@ -45,13 +49,19 @@ sd::sampler plain_sampler() {
 // Logits after the last token of `tokens` from a fresh instance (everything in one forward).
 template <class MakeModel>
 std::vector<float> fresh_logits(MakeModel const& make, std::vector<sd::token_id> const& tokens,
-                                std::span<std::int32_t const> skip = {}) {
+                                std::span<std::int32_t const> skip = {}, std::size_t full = 0) {
+  // tokens[0, full) by the full model, the rest with `skip` skipped (a draft on the target's
+  // cache).
   auto model = make();
   std::vector<sd::position_t> pos(tokens.size());
   for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<sd::position_t>(i);
+  std::span<sd::token_id const> const all(tokens);
+  std::span<sd::position_t const> const at(pos);
   sd::forward_result out;
-  model.forward({.tokens = tokens, .positions = pos, .skip_layers = skip}, out);
-  auto const row = out.logits_view().row(tokens.size() - 1);
+  if (full > 0) model.forward({.tokens = all.first(full), .positions = at.first(full)}, out);
+  model.forward({.tokens = all.subspan(full), .positions = at.subspan(full), .skip_layers = skip},
+                out);
+  auto const row = out.logits_view().row(out.logits_count - 1);
   return {row.begin(), row.end()};
 }
 
@@ -60,7 +70,7 @@ std::vector<float> fresh_logits(MakeModel const& make, std::vector<sd::token_id>
 // the cache size. `tolerance` is absolute on probabilities.
 template <class Proposer, class MakeModel>
 void check_rollback(Proposer& proposer, MakeModel const& make, std::size_t vocab, double tolerance,
-                    std::uint64_t seed, int steps, std::span<std::int32_t const> skip = {}) {
+                    std::uint64_t seed, int steps) {
   sd::philox rng(seed, 3);
   std::vector<sd::token_id> committed{1, 7, 3};
   proposer.begin(committed);
@@ -78,7 +88,7 @@ void check_rollback(Proposer& proposer, MakeModel const& make, std::size_t vocab
     // Every q row is the softmax of the fresh logits after committed + the drafts before it.
     std::vector<sd::token_id> path = committed;
     for (std::size_t i = 1; i <= drafted; ++i) {
-      auto const logits = fresh_logits(make, path, skip);
+      auto const logits = fresh_logits(make, path);
       sd::softmax(logits, expected);
       auto const q = tree.q_row(static_cast<sd::node_index>(i - 1));
       double worst = 0.0;
@@ -108,7 +118,7 @@ void check_rollback(Proposer& proposer, MakeModel const& make, std::size_t vocab
   // The last logits (after a final propose with one draft) equal a fresh run over everything.
   sd::propose_context ctx = make_ctx(committed, 1, &rng);
   proposer.propose(ctx, tree);
-  auto const fresh = fresh_logits(make, committed, skip);
+  auto const fresh = fresh_logits(make, committed);
   auto const last = proposer.last_logits();
   REQUIRE(last.size() == vocab);
   double worst = 0.0;
@@ -142,14 +152,76 @@ TEST_CASE("draft cache rollback: q rows equal a fresh recomputation (stories260K
   check_rollback(p, make, 512, 1e-4, 2, 40);
 }
 
-TEST_CASE("layer skip rollback: q rows equal a fresh layer-skipped recomputation (stories260K)") {
+TEST_CASE("layer skip on the target's cache: q rows equal a fresh recomputation (stories260K)") {
+  // The decoder's part, played here: the target's cache holds the committed tokens but the root,
+  // the handle says so, and after each step the accepted tokens enter the cache by a full forward.
   auto const weights = fixture::stories260k();
   std::vector<std::int32_t> const skip{1, 3};
-  sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, sd::draft_mode::sample> p(
-      {.skip_layers = {3, 1, 3}, .draft = {.k = 4}}, plain_sampler(), weights, one_thread());
+  sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample> p(
+      {.skip_layers = {3, 1, 3}, .draft = {.k = 4}}, plain_sampler());
   CHECK(std::vector<std::int32_t>(p.skip_layers().begin(), p.skip_layers().end()) == skip);
+  static_assert(sd::uses_target_v<decltype(p)> && sd::skips_target_layers_v<decltype(p)>);
   auto const make = [&] { return sd::cpu_llama(weights, one_thread()); };
-  check_rollback(p, make, 512, 1e-4, 3, 40, skip);
+  sd::cpu_llama target = make();
+  sd::target_handle handle(target);
+  sd::philox rng(3, 3);
+  std::vector<sd::token_id> committed{1, 7, 3};
+  sd::forward_result fwd;
+  auto const commit_to = [&](std::size_t n) {  // the cache holds committed[0, n)
+    std::size_t const have = target.cache().size();
+    std::vector<sd::position_t> pos;
+    for (std::size_t i = have; i < n; ++i) pos.push_back(static_cast<sd::position_t>(i));
+    if (n > have)
+      target.forward({.tokens = std::span<sd::token_id const>(committed).subspan(have, n - have),
+                      .positions = pos},
+                     fwd);
+  };
+  p.begin(committed);
+  sd::draft_tree tree(9);
+  std::vector<float> expected(512);
+  int partial = 0, full = 0;
+  for (int step = 0; step < 30; ++step) {
+    CAPTURE(step);
+    commit_to(committed.size() - 1);
+    handle.set_committed(committed.size() - 1);
+    std::size_t const max_nodes = rng.next_u32() % 7;  // 0..6, k is 4
+    sd::propose_context ctx = make_ctx(committed, max_nodes, &rng);
+    ctx.target = &handle;
+    p.propose(ctx, tree);
+    // The draft's entries are gone: the target's cache holds the committed tokens but the root.
+    CHECK(target.cache().size() == committed.size() - 1);
+    std::size_t const drafted = tree.num_drafted();
+    CHECK(drafted == std::min<std::size_t>(max_nodes, p.current_k()));
+    REQUIRE(tree.has_q());
+    std::vector<sd::token_id> path = committed;
+    for (std::size_t i = 1; i <= drafted; ++i) {
+      sd::softmax(fresh_logits(make, path, skip, committed.size() - 1), expected);
+      auto const q = tree.q_row(static_cast<sd::node_index>(i - 1));
+      double worst = 0.0;
+      for (std::size_t v = 0; v < 512; ++v)
+        worst = std::max(worst, std::abs(static_cast<double>(q[v]) - expected[v]));
+      CHECK(worst <= 1e-4);
+      path.push_back(tree.token(static_cast<sd::node_index>(i)));
+    }
+    std::size_t const m = drafted == 0 ? 0 : rng.next_u32() % (drafted + 1);
+    if (drafted > 0) (m == drafted ? full : partial) += 1;
+    sd::verify_result r;
+    for (std::size_t i = 1; i <= m; ++i) {
+      r.accepted_nodes.push_back(static_cast<sd::node_index>(i));
+      r.tokens.push_back(tree.token(static_cast<sd::node_index>(i)));
+    }
+    r.tokens.push_back(static_cast<sd::token_id>(rng.next_u32() % 512));
+    p.accept(r);
+    committed.insert(committed.end(), r.tokens.begin(), r.tokens.end());
+  }
+  CHECK(partial > 3);
+  CHECK(full > 3);
+  // No target is refused, as is a cache that does not hold the committed tokens but the root.
+  sd::propose_context ctx = make_ctx(committed, 2, &rng);
+  CHECK_THROWS_WITH_AS(p.propose(ctx, tree), doctest::Contains("no target"), sd::error);
+  ctx.target = &handle;
+  test_support::check_error([&] { p.propose(ctx, tree); }, sd::errc::internal,
+                            "the target's cache holds");
 }
 
 TEST_CASE("greedy drafts are the policy's greedy tokens, without q rows") {
@@ -335,14 +407,14 @@ TEST_CASE("configuration errors") {
                   sd::error);
   CHECK_THROWS_AS(toy_greedy(draft, vocab, sd::greedy{}, {.k = 3, .confidence_threshold = 1.5f}),
                   sd::error);
-  CHECK_THROWS_AS((sd::layer_skip_proposer<toy::toy_lm, sd::greedy>(
-                      {.skip_layers = {-1}}, sd::greedy{}, vocab, std::size_t{300})),
+  CHECK_THROWS_AS((sd::layer_skip_proposer<sd::greedy>({.skip_layers = {-1}}, sd::greedy{})),
                   sd::error);
-  // A layer the model does not have: rejected at construction (cpu_llama has n_layers()).
+  // A layer the target does not have: its forward says so at the first draft.
   auto const weights = fixture::stories260k();
-  CHECK_THROWS_AS((sd::layer_skip_proposer<sd::cpu_llama, sd::greedy>(
-                      {.skip_layers = {5}}, sd::greedy{}, weights, one_thread())),
-                  sd::error);
-  CHECK_NOTHROW((sd::layer_skip_proposer<sd::cpu_llama, sd::greedy>(
-      {.skip_layers = {0, 4}}, sd::greedy{}, weights, one_thread())));
+  sd::cpu_llama target(weights, one_thread());
+  sd::layer_skip_proposer<sd::greedy> beyond({.skip_layers = {5}}, sd::greedy{});
+  sd::speculative_decoder dec(target, beyond, sd::greedy_verifier{}, sd::greedy{});
+  std::vector<sd::token_id> const prompt{1, 7, 3};
+  test_support::check_error([&] { (void)dec.generate(prompt); }, sd::errc::out_of_range,
+                            "skip layer 5 is outside the model's 5 layers");
 }

@@ -9,8 +9,10 @@
 // masks or cache commits throw instead of passing unnoticed.
 //
 // `skip_layers` in a request perturbs the logits (by `skip_noise` per skipped layer), which makes a
-// layer-skipped instance a cheaper, imperfect draft of the full one; `noise` perturbs every row,
-// which makes a second toy_lm an imperfect draft model of the first.
+// layer-skipped forward a cheaper, imperfect draft of the full one; `noise` perturbs every row,
+// which makes a second toy_lm an imperfect draft model of the first. Each cache entry remembers how
+// many layers the forward that wrote it skipped, and a forward that reads an entry written with
+// another skip set throws: entries of a layer-skipped draft must be dropped before a full forward.
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +38,7 @@ class toy_cache {
   explicit toy_cache(std::size_t capacity) : capacity_(capacity) {
     tokens_.reserve(capacity);
     positions_.reserve(capacity);
+    skipped_.reserve(capacity);
   }
   std::size_t size() const { return tokens_.size(); }
   std::size_t capacity() const { return capacity_; }
@@ -43,6 +46,7 @@ class toy_cache {
     SPECDEC_CHECK(n <= size(), out_of_range, "toy_cache: truncate to ", n, " > size ", size());
     tokens_.resize(n);
     positions_.resize(n);
+    skipped_.resize(n);
   }
   void keep_path(std::size_t n, std::span<std::int32_t const> keep) {
     SPECDEC_CHECK(n <= size(), out_of_range, "toy_cache: keep_path base ", n, " > size ", size());
@@ -56,17 +60,21 @@ class toy_cache {
                     "toy_cache: keep_path moves position ", positions_[from], " to slot ", n + i);
       tokens_[n + i] = tokens_[from];
       positions_[n + i] = positions_[from];
+      skipped_[n + i] = skipped_[from];
     }
     ++keep_path_calls;
     truncate(n + keep.size());
   }
-  void push(token_id t, position_t p) {
+  void push(token_id t, position_t p, std::size_t skipped = 0) {
     SPECDEC_CHECK(size() < capacity_, context_overflow, "toy_cache: full at ", capacity_);
     tokens_.push_back(t);
     positions_.push_back(p);
+    skipped_.push_back(skipped);
   }
   std::span<token_id const> tokens() const { return tokens_; }
   std::span<position_t const> positions() const { return positions_; }
+  // Layers skipped by the forward that wrote each entry.
+  std::span<std::size_t const> skipped() const { return skipped_; }
 
   std::size_t keep_path_calls = 0;
 
@@ -74,6 +82,7 @@ class toy_cache {
   std::size_t capacity_;
   std::vector<token_id> tokens_;
   std::vector<position_t> positions_;
+  std::vector<std::size_t> skipped_;
 };
 
 // Uniform in [0, 1) from a hash of (seed, a, b, c).
@@ -86,6 +95,8 @@ inline float hash_uniform(std::uint64_t seed, std::int64_t a, std::int64_t b, st
 // The toy model (satisfies specdec::causal_lm).
 class toy_lm {
  public:
+  static constexpr bool supports_skip_layers = true;
+
   // vocab tokens, max_context positions; `peak` sharpens the distributions (larger = more
   // deterministic); `noise` perturbs every row (a draft of a toy_lm with the same seed).
   toy_lm(std::size_t vocab, std::size_t max_context, std::uint64_t seed = 7, float peak = 6.0f,
@@ -124,14 +135,7 @@ class toy_lm {
     SPECDEC_CHECK(cache_.size() + n <= cache_.capacity(), context_overflow,
                   "toy_lm: ", cache_.size(), " + ", n, " positions exceed the cache of ",
                   cache_.capacity());
-    if (skip_set_) {
-      SPECDEC_CHECK(
-          std::equal(req.skip_layers.begin(), req.skip_layers.end(), skip_.begin(), skip_.end()),
-          invalid_argument, "toy_lm: the skip set changed between forwards");
-    } else {
-      skip_.assign(req.skip_layers.begin(), req.skip_layers.end());
-      skip_set_ = true;
-    }
+    std::size_t const skipped = req.skip_layers.size();
     std::size_t const rows = req.logits_rows.empty() ? n : req.logits_rows.size();
     out.vocab = vocab_;
     out.logits_count = rows;
@@ -159,6 +163,10 @@ class toy_lm {
         if (static_cast<std::size_t>(pos - 1) < base) {
           SPECDEC_CHECK(cache_.positions()[static_cast<std::size_t>(pos - 1)] == pos - 1, internal,
                         "toy_lm: cache entry ", pos - 1, " holds another position");
+          std::size_t const written = cache_.skipped()[static_cast<std::size_t>(pos - 1)];
+          SPECDEC_CHECK(written == 0 || written == skipped, internal, "toy_lm: a forward skipping ",
+                        skipped, " layers reads cache entry ", pos - 1, ", written skipping ",
+                        written);
           prev = cache_.tokens()[static_cast<std::size_t>(pos - 1)];
           ++seen;
         }
@@ -182,7 +190,7 @@ class toy_lm {
       logits_for(prev_[i], req.tokens[i], req.skip_layers.size(),
                  std::span<float>(out.logits.data() + r * vocab_, vocab_));
     }
-    for (std::size_t i = 0; i < n; ++i) cache_.push(req.tokens[i], req.positions[i]);
+    for (std::size_t i = 0; i < n; ++i) cache_.push(req.tokens[i], req.positions[i], skipped);
     ++forwards;
     tokens_scored += n;
   }
@@ -199,8 +207,6 @@ class toy_lm {
   float skip_noise_;
   toy_cache cache_;
   std::vector<token_id> prev_;
-  std::vector<std::int32_t> skip_;
-  bool skip_set_ = false;
 };
 
 static_assert(specdec::kv_cache<toy_cache>);

@@ -51,7 +51,8 @@ std::vector<sd::token_id> branching_history(std::size_t branches, std::size_t le
 
 // Drafts once from `history` with no outside limit and returns the number of nodes drafted.
 template <class Proposer>
-std::size_t draft_unlimited(Proposer& p, std::span<sd::token_id const> history) {
+std::size_t draft_unlimited(Proposer& p, std::span<sd::token_id const> history,
+                            sd::target_handle const* target = nullptr) {
   sd::draft_tree tree(sd::max_tree_nodes);
   sd::philox rng(1, 0, 0);
   p.begin(history);
@@ -59,6 +60,7 @@ std::size_t draft_unlimited(Proposer& p, std::span<sd::token_id const> history) 
   ctx.tokens = history;
   ctx.max_nodes = sd::max_tree_nodes - 1;
   ctx.rng = &rng;
+  ctx.target = target;
   p.propose(ctx, tree);
   return tree.num_drafted();
 }
@@ -146,7 +148,8 @@ TEST_CASE("node budget: draft model and layer skip draft at most k (k_max when a
   auto const weights = fixture_weights();
   sd::cpu_llama target(weights, {.threads = 1});
   sd::cpu_llama draft(weights, {.threads = 1});
-  std::vector<sd::token_id> const history = {1, 403, 407, 261, 378};
+  std::vector<sd::token_id> const tokens = {1, 403, 407, 261, 378};
+  std::span<sd::token_id const> const history(tokens);
   for (std::size_t const k : {1u, 3u, 7u}) {
     CAPTURE(k);
     sd::draft_model_proposer p(draft, target, sd::greedy{}, {.k = k});
@@ -156,13 +159,19 @@ TEST_CASE("node budget: draft model and layer skip draft at most k (k_max when a
   sd::draft_model_proposer adaptive(draft, target, sd::greedy{},
                                     {.k = 2, .adaptive = true, .k_min = 1, .k_max = 6});
   CHECK(adaptive.max_nodes() == 6);
-  sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> skip(
-      {.skip_layers = {2}, .draft = {.k = 4, .adaptive = false}}, sd::greedy{}, weights,
-      sd::cpu_llama_options{.threads = 1});
+  sd::layer_skip_proposer<sd::greedy> skip(
+      {.skip_layers = {2}, .draft = {.k = 4, .adaptive = false}}, sd::greedy{});
   CHECK(skip.max_nodes() == 4);
-  CHECK(draft_unlimited(skip, history) == 4);
-  sd::layer_skip_proposer<sd::cpu_llama, sd::greedy> adaptive_skip(
-      {.skip_layers = {2}}, sd::greedy{}, weights, sd::cpu_llama_options{.threads = 1});
+  {  // on the target, whose cache holds the history but its last token (the root)
+    std::vector<sd::position_t> const pos{0, 1, 2, 3};
+    sd::forward_result out;
+    target.forward({.tokens = history.first(4), .positions = pos}, out);
+    sd::target_handle handle(target);
+    handle.set_committed(4);
+    CHECK(draft_unlimited(skip, history, &handle) == 4);
+    target.cache().truncate(0);
+  }
+  sd::layer_skip_proposer<sd::greedy> adaptive_skip({.skip_layers = {2}}, sd::greedy{});
   CHECK(adaptive_skip.max_nodes() == sd::layer_skip_config{}.draft.k_max);
 
   // Through the decoder: the steps reach the proposer's budget and stay within it, and within

@@ -422,16 +422,14 @@ int run_batch(batch_session const& s) {
                             "Jacobi per request, k = " + std::to_string(c.block), "greedy");
   }
   if (s.chosen.name == "layer-skip") {
-    // Each request drafts with its own layer-skipped instance of the target (same weights, a
-    // cache of its own).
+    // Each request drafts with the target's layers skipped, on its own slot.
     std::vector<std::int32_t> const layers = skip_layers_of(v, s.weights->config.n_layers);
     sd::draft_model_config const chain = chain_config(v);
     std::string const description = layer_skip_description(layers, chain) + ", per request";
     auto const with_mode = [&]<sd::draft_mode M>() {
-      using proposer_type = sd::layer_skip_proposer<sd::cpu_llama, sd::sampler, M>;
+      using proposer_type = sd::layer_skip_proposer<sd::sampler, M>;
       sd::per_request_proposer<proposer_type> proposer([&] {
-        return proposer_type({.skip_layers = layers, .draft = chain}, sd::sampler(s.params),
-                             s.weights, s.model_options);
+        return proposer_type({.skip_layers = layers, .draft = chain}, sd::sampler(s.params));
       });
       return with_speculation(proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
     };

@@ -63,6 +63,9 @@ class lm_backend {
 //! costs nothing next to a forward.
 class lm {
  public:
+  //! Both backends honour `forward_request::skip_layers`.
+  static constexpr bool supports_skip_layers = true;
+
   explicit lm(std::unique_ptr<lm_backend> backend) : backend_(std::move(backend)) {
     SPECDEC_CHECK(backend_ != nullptr, internal, "lm: no backend");
   }

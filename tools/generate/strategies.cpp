@@ -43,8 +43,8 @@ run_output run_layer_skip(session& s) {
   std::vector<std::int32_t> const layers = skip_layers_of(s.values, s.weights->config.n_layers);
   sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::layer_skip_proposer<lm, sd::sampler, M> proposer(
-        {.skip_layers = layers, .draft = chain}, s.policy, make_lm(s, s.weights, s.model_options));
+    sd::layer_skip_proposer<sd::sampler, M> proposer({.skip_layers = layers, .draft = chain},
+                                                     s.policy);
     return run_speculative(s, proposer, chain_verifier<M>{}, layer_skip_description(layers, chain),
                            chain_verifier_name<M>);
   });

@@ -5,6 +5,7 @@
 //! cache. A serving loop batches many requests into one forward this way, so that the model's
 //! weights are read once per step for all of them.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -17,55 +18,45 @@
 
 namespace specdec {
 
-//! One sequence's part of a batched forward: the tokens scored against the KV cache of slot
-//! `slot`, exactly as a `forward_request` of the same fields scores them against a single
-//! sequence's cache (see `forward_request` for the mask and the logits rows). A segment's mask
-//! covers its own tokens only: a sequence never sees another's.
+//! One sequence's part of a batched forward: `request` scored against the KV cache of slot `slot`,
+//! exactly as a single sequence's forward scores it against its own cache (see `forward_request`
+//! for the mask, the logits rows, the hidden rows and the variants). A segment's mask covers its
+//! own tokens only: a sequence never sees another's.
 struct batch_segment {
-  std::size_t slot = 0;                        //!< the sequence slot whose cache is used
-  std::span<token_id const> tokens = {};       //!< [n] token ids, each < vocab_size()
-  std::span<position_t const> positions = {};  //!< [n] absolute positions, each < max_context()
-  std::span<std::uint64_t const> mask = {};    //!< [n, mask_stride] bit-packed, or empty for causal
-  std::size_t mask_stride = 0;                 //!< words per mask row, >= mask_words(n)
-  std::span<std::int32_t const> logits_rows = {};  //!< rows (of this segment) that need logits;
-                                                   //!< empty = all rows
-
-  //! The segment as a single-sequence request (what a backend scores against the slot's cache),
-  //! with the batch-wide hidden rows asked for (`batch_forward_request::want_hidden` and
-  //! `hidden_layers`).
-  [[nodiscard]] forward_request request(
-      bool want_hidden = false, std::span<std::int32_t const> hidden_layers = {}) const noexcept {
-    return forward_request{.tokens = tokens,
-                           .positions = positions,
-                           .mask = mask,
-                           .mask_stride = mask_stride,
-                           .logits_rows = logits_rows,
-                           .want_hidden = want_hidden,
-                           .hidden_layers = hidden_layers};
-  }
+  std::size_t slot = 0;     //!< the sequence slot whose cache is used
+  forward_request request;  //!< what the segment scores, and what it returns besides logits
 
   //! Rows of logits the segment returns.
   [[nodiscard]] std::size_t logits_count() const noexcept {
-    return logits_rows.empty() ? tokens.size() : logits_rows.size();
+    return request.logits_rows.empty() ? request.tokens.size() : request.logits_rows.size();
   }
 };
+
+//! Whether two requests ask for the same rows besides logits and the same variant of the forward
+//! (hidden rows, requested layers, skipped layers): what segments of one batched forward share,
+//! since a batched model runs its layers once for all of them.
+[[nodiscard]] inline bool same_outputs(forward_request const& a,
+                                       forward_request const& b) noexcept {
+  auto const equal = [](std::span<std::int32_t const> x, std::span<std::int32_t const> y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end());
+  };
+  return a.want_hidden == b.want_hidden && equal(a.requested_layers(), b.requested_layers()) &&
+         equal(a.skip_layers, b.skip_layers);
+}
 
 //! Several sequences for one forward pass. Segments are scored as if each were alone, in one pass.
 struct batch_forward_request {
   std::span<batch_segment const> segments = {};  //!< [segments], each on a different slot
-  bool want_hidden = false;  //!< also return the final hidden state of every token
-  //! Also return the residual streams after these layers for every token, side by side (as
-  //! `forward_request::hidden_layers`; EAGLE-3 reads three layers' features).
-  std::span<std::int32_t const> hidden_layers = {};
 
-  //! Segment s as a single-sequence request with this batch's hidden rows asked for.
-  [[nodiscard]] forward_request request(std::size_t s) const noexcept {
-    return segments[s].request(want_hidden, hidden_layers);
+  //! Segment s's request.
+  [[nodiscard]] forward_request const& request(std::size_t s) const noexcept {
+    return segments[s].request;
   }
 
   //! Throws `specdec::error` when the request is malformed for a model of this vocabulary, context
-  //! length and number of slots: no segment, a slot out of range or used twice, or a segment whose
-  //! request `forward_request::validate` refuses (its message prefixed with "segment s: ").
+  //! length and number of slots: no segment, a slot out of range or used twice, a segment whose
+  //! request `forward_request::validate` refuses (its message prefixed with "segment s: "), or
+  //! segments that ask for other hidden rows or skipped layers than segment 0 (`same_outputs`).
   void validate(std::size_t vocab, std::size_t max_context, std::size_t max_slots) const {
     SPECDEC_CHECK(!segments.empty(), invalid_argument, "batch_forward_request: no segments");
     for (std::size_t s = 0; s < segments.size(); ++s) {
@@ -76,17 +67,21 @@ struct batch_forward_request {
                       "batch_forward_request: segments ", j, " and ", s, " both use slot ",
                       segments[s].slot);
       try {
-        segments[s].request().validate(vocab, max_context);
+        segments[s].request.validate(vocab, max_context);
       } catch (error const& e) {
         throw detail::with_context(e, detail::concat("segment ", s, ": "));
       }
+      SPECDEC_CHECK(same_outputs(segments[s].request, segments[0].request), invalid_argument,
+                    "batch_forward_request: segment ", s,
+                    " asks for other hidden rows or skipped layers than segment 0 (a batched "
+                    "forward runs its layers once for every segment)");
     }
   }
 
   //! Tokens in all segments.
   [[nodiscard]] std::size_t num_tokens() const noexcept {
     std::size_t n = 0;
-    for (batch_segment const& s : segments) n += s.tokens.size();
+    for (batch_segment const& s : segments) n += s.request.tokens.size();
     return n;
   }
 };
@@ -108,7 +103,7 @@ struct batch_forward_result {
     logits_offsets[0] = token_offsets[0] = 0;
     for (std::size_t s = 0; s < n; ++s) {
       logits_offsets[s + 1] = logits_offsets[s] + req.segments[s].logits_count();
-      token_offsets[s + 1] = token_offsets[s] + req.segments[s].tokens.size();
+      token_offsets[s + 1] = token_offsets[s] + req.segments[s].request.tokens.size();
     }
   }
 

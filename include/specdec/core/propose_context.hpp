@@ -8,6 +8,7 @@
 
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/philox.hpp"
+#include "specdec/core/target_handle.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/views.hpp"
 
@@ -28,6 +29,10 @@ struct propose_context {
   std::size_t max_nodes = 0;
   //! The random stream for proposers that sample their drafts (never null during a decode).
   philox* rng = nullptr;
+  //! The target, for proposers that declare `uses_target` (core/target_handle.hpp): forwards of
+  //! the draft against this sequence's committed cache, dropped when `propose` returns. Null for
+  //! other proposers.
+  target_handle const* target = nullptr;
 };
 
 //! One request's part of a batched `propose` call (`batch_proposer`): what a single-sequence

@@ -10,7 +10,15 @@
 //! - `needs_target_hidden`: it reads the target's hidden states (`propose_context::target_hidden`):
 //!   the final hidden state, or, when it has a member `target_hidden_layers() const` returning a
 //!   non-empty span of layer indices, the residual streams after those layers (EAGLE-3);
-//! - `has_auxiliary_tokens`: it scores auxiliary tokens beside its tree (`auxiliary_proposer`).
+//! - `has_auxiliary_tokens`: it scores auxiliary tokens beside its tree (`auxiliary_proposer`);
+//! - `uses_target`: it drafts with the target itself, through `propose_context::target`
+//!   (core/target_handle.hpp); its request's prompt is then in the target's cache before its first
+//!   draft;
+//! - `skips_target_layers`: its forwards on the target skip layers (`skip_layers`): the target
+//!   must declare `supports_skip_layers`.
+//!
+//! A model may declare (an absent member means false):
+//! - `supports_skip_layers`: its forward honours `forward_request::skip_layers`.
 //!
 //! A verifier may declare (an absent member means the permissive default):
 //! - `greedy_only` (default false): it implements greedy verification only;
@@ -49,6 +57,18 @@ struct proposer_traits {
   static constexpr bool needs_target_hidden = SPECDEC_TRAIT_TRUE(P, needs_target_hidden);
   //! Scores auxiliary tokens beside its tree and observes the target's rows.
   static constexpr bool has_auxiliary_tokens = SPECDEC_TRAIT_TRUE(P, has_auxiliary_tokens);
+  //! Drafts with the target itself (`propose_context::target`).
+  static constexpr bool uses_target = SPECDEC_TRAIT_TRUE(P, uses_target);
+  //! Its forwards on the target skip layers.
+  static constexpr bool skips_target_layers = SPECDEC_TRAIT_TRUE(P, skips_target_layers);
+};
+
+//! What a model's forward honours besides the core request, from its optional members (see the
+//! file comment).
+template <class M>
+struct model_traits {
+  //! Honours `forward_request::skip_layers`.
+  static constexpr bool supports_skip_layers = SPECDEC_TRAIT_TRUE(M, supports_skip_layers);
 };
 
 //! What a verifier can verify, from its optional members (see the file comment).
@@ -79,6 +99,21 @@ inline constexpr bool needs_target_hidden_v = proposer_traits<P>::needs_target_h
 //! `proposer_traits<P>::has_auxiliary_tokens`.
 template <class P>
 inline constexpr bool has_auxiliary_tokens_v = proposer_traits<P>::has_auxiliary_tokens;
+
+//! `proposer_traits<P>::uses_target`.
+template <class P>
+inline constexpr bool uses_target_v = proposer_traits<P>::uses_target;
+//! `proposer_traits<P>::skips_target_layers`.
+template <class P>
+inline constexpr bool skips_target_layers_v = proposer_traits<P>::skips_target_layers;
+//! `model_traits<M>::supports_skip_layers`.
+template <class M>
+inline constexpr bool supports_skip_layers_v = model_traits<M>::supports_skip_layers;
+
+//! Whether target model M runs what proposer P asks of it through its handle: a proposer that
+//! skips layers needs a model that declares `supports_skip_layers`.
+template <class M, class P>
+inline constexpr bool serves_proposer_v = !(skips_target_layers_v<P> && !supports_skip_layers_v<M>);
 
 //! `verifier_traits<V>::greedy_only`.
 template <class V>

@@ -182,6 +182,9 @@ class batch_decoder {
   static_assert(!(needs_draft_probs_v<Verifier> && !samples_drafts_v<Proposer>),
                 "batch_decoder: this verifier needs draft probabilities (q rows) but the "
                 "proposer drafts deterministic candidates. Use a greedy or tree verifier.");
+  static_assert(serves_proposer_v<Model, Proposer>,
+                "batch_decoder: this proposer drafts with the target's layers skipped; the target "
+                "does not declare supports_skip_layers");
   static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
                 "batch_decoder: this proposer drafts trees but the verifier handles chains "
                 "only. Use a tree verifier.");
@@ -326,6 +329,7 @@ class batch_decoder {
         continue;
       }
       try {
+        r.seq.end_propose();
         if constexpr (has_auxiliary_tokens_v<Proposer>)
           r.seq.auxiliary([&](auxiliary_batch& aux) {
             proposer_->auxiliary(r.slot, items_[k].ctx, r.seq.tree(), aux);
@@ -349,19 +353,10 @@ class batch_decoder {
       prefill_rows += r->seq.prompt_rows();
       forward_request const req =
           r->prefills_alone() ? r->seq.prefill_request() : r->seq.request(r->seq.prompt_rows() > 0);
-      segments_.push_back({.slot = r->slot,
-                           .tokens = req.tokens,
-                           .positions = req.positions,
-                           .mask = req.mask,
-                           .mask_stride = req.mask_stride,
-                           .logits_rows = req.logits_rows});
+      segments_.push_back({.slot = r->slot, .request = req});
       rows += req.tokens.size();
     }
-    batch_forward_request batch{.segments = std::span<batch_segment const>(segments_)};
-    if constexpr (needs_target_hidden_v<Proposer>) {
-      batch.hidden_layers = target_hidden_layers(*proposer_);
-      batch.want_hidden = batch.hidden_layers.empty();
-    }
+    batch_forward_request const batch{.segments = std::span<batch_segment const>(segments_)};
     auto const forward_start = std::chrono::steady_clock::now();
     bool batched = true;
     try {
@@ -516,6 +511,8 @@ class batch_decoder {
         target_->reserve(r.slot, r.prompt.size() + std::min(room, wanted));
       r.seq.begin(r.prompt, r.config, budget, capacity, r.out, &r.callbacks.on_token, nullptr,
                   target_hidden_layers(*proposer_));
+      if constexpr (uses_target_v<Proposer>)
+        r.seq.bind_target(target_handle(*target_, r.slot, handle_scratch_));
       proposer_->begin(r.slot, r.prompt);
       r.proposer_started = true;
     } catch (...) {
@@ -700,6 +697,7 @@ class batch_decoder {
   std::vector<batch_propose_item> items_;
   std::vector<std::size_t> owners_;  // items_[k] is running_[owners_[k]]'s
   std::vector<batch_segment> segments_;
+  batch_forward_result handle_scratch_;  // the forwards of proposers drafting on the target
   batch_forward_result fwd_;
   batch_forward_result single_;
 };

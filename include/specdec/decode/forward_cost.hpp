@@ -107,9 +107,9 @@ class forward_cost_model {
     if (context > 0) {
       for (std::size_t s : slots)
         segments.push_back({.slot = s,
-                            .tokens = all_tokens.first(context),
-                            .positions = all_positions.first(context),
-                            .logits_rows = std::span<std::int32_t const>(&last, 1)});
+                            .request = {.tokens = all_tokens.first(context),
+                                        .positions = all_positions.first(context),
+                                        .logits_rows = std::span<std::int32_t const>(&last, 1)}});
       model.forward({.segments = segments}, out);
     }
     auto time_forward = [&](std::size_t r) {
@@ -118,8 +118,8 @@ class forward_cost_model {
       for (std::size_t s = 0; s < n; ++s) {
         std::size_t const len = r / n + (s < r % n ? 1 : 0);
         segments.push_back({.slot = slots[s],
-                            .tokens = all_tokens.subspan(context, len),
-                            .positions = all_positions.subspan(context, len)});
+                            .request = {.tokens = all_tokens.subspan(context, len),
+                                        .positions = all_positions.subspan(context, len)}});
       }
       auto const t0 = std::chrono::steady_clock::now();
       model.forward({.segments = segments}, out);

@@ -10,8 +10,9 @@
 //!    none (the request ends, `finish_reason::context_full`) when the context is full;
 //! 2. `context(max_nodes)`: what the proposer sees (committed tokens, the target's hidden rows of
 //!    the last committed tokens when it reads them, the node budget, the request's Philox stream);
-//!    the caller runs the proposer into `tree()`, then `auxiliary(add)` for a proposer with
-//!    auxiliary tokens, then `check_draft(max_nodes)`;
+//!    the caller runs the proposer into `tree()`, then `end_propose()` (which drops what a
+//!    proposer drafting on the target -- `uses_target` -- left in its cache), then `auxiliary(add)`
+//!    for a proposer with auxiliary tokens, then `check_draft(max_nodes)`;
 //! 3. `request(...)`: the target forward that scores the draft (tree rows at positions base +
 //!    depth with the tree's ancestor mask, then the auxiliary tokens; the prompt's rows first when
 //!    the request's prefill rides in its first step), with the hidden rows the proposer reads;
@@ -43,6 +44,7 @@
 #include "specdec/core/philox.hpp"
 #include "specdec/core/propose_context.hpp"
 #include "specdec/core/stats.hpp"
+#include "specdec/core/target_handle.hpp"
 #include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
@@ -109,9 +111,11 @@ class sequence_step {
  public:
   static constexpr bool reads_hidden = needs_target_hidden_v<Proposer>;    //!< proposer's trait
   static constexpr bool has_auxiliary = has_auxiliary_tokens_v<Proposer>;  //!< proposer's trait
+  static constexpr bool on_target = uses_target_v<Proposer>;               //!< proposer's trait
   //! Whether the prompt must be scored before the first draft: the proposer reads its hidden rows,
-  //! or its auxiliary tokens would need rows that see the prompt's.
-  static constexpr bool prefills_alone = reads_hidden || has_auxiliary;
+  //! its auxiliary tokens would need rows that see the prompt's, or it drafts on the target's
+  //! cache, which must hold the prompt.
+  static constexpr bool prefills_alone = reads_hidden || has_auxiliary || on_target;
 
   //! Starts a request: `prompt` (checked by the caller) becomes the committed tokens, `out` is
   //! cleared and will receive the tokens and statistics; `budget` is the node budget
@@ -181,6 +185,10 @@ class sequence_step {
     return limit;
   }
 
+  //! The handle on this sequence's target cache that a proposer declaring `uses_target` drafts
+  //! with (set by the driver after `begin`; see core/target_handle.hpp).
+  void bind_target(target_handle handle) noexcept requires on_target { handle_ = handle; }
+
   //! Phase 2: what the proposer sees for a draft of at most `max_nodes` nodes.
   [[nodiscard]] propose_context context(std::size_t max_nodes) noexcept {
     propose_context ctx;
@@ -188,7 +196,17 @@ class sequence_step {
     ctx.target_hidden = hidden_view_;
     ctx.max_nodes = max_nodes;
     ctx.rng = &rng_;
+    if constexpr (on_target) {
+      handle_.set_committed(base());
+      ctx.target = &handle_;
+    }
     return ctx;
+  }
+
+  //! Phase 2, right after the proposer: drops whatever its forwards on the target left after the
+  //! committed positions, before the step's own forward. No-op for other proposers.
+  void end_propose() {
+    if constexpr (on_target) handle_.rollback();
   }
 
   //! Phase 2, auxiliary proposers: resets the auxiliary batch to the tree just drafted (room: the
@@ -409,6 +427,7 @@ class sequence_step {
   std::vector<std::int32_t> logits_rows_;
   std::vector<std::int32_t> keep_;
   std::int32_t last_row_ = 0;
+  target_handle handle_;
 };
 
 }  // namespace specdec

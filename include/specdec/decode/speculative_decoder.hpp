@@ -113,6 +113,9 @@ class speculative_decoder {
   static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
                 "speculative_decoder: this proposer drafts trees but the verifier handles chains "
                 "only. Use a tree verifier.");
+  static_assert(serves_proposer_v<Model, Proposer>,
+                "speculative_decoder: this proposer drafts with the target's layers skipped; the "
+                "target does not declare supports_skip_layers");
   static_assert(!has_auxiliary_tokens_v<Proposer> || auxiliary_proposer<Proposer>,
                 "speculative_decoder: this proposer declares has_auxiliary_tokens but lacks "
                 "auxiliary(ctx, tree, aux) or observe(tree_logits, aux_logits, result)");
@@ -204,6 +207,7 @@ class speculative_decoder {
     std::size_t const capacity = detail::start_request(target, prompt, config, budget, who);
     step_.begin(prompt, config, budget, capacity, out, on_token, observer,
                 target_hidden_layers(*proposer_));
+    if constexpr (uses_target_v<Proposer>) step_.bind_target(target_handle(target));
     auto const* on_step = observer != nullptr && observer->on_step ? &observer->on_step : nullptr;
     if (step_.done()) {  // max_new_tokens == 0: no tokens, so no prefill and no proposer call
       out.stats.total_seconds = detail::seconds_since(request_start);
@@ -232,6 +236,7 @@ class speculative_decoder {
       k = std::min(k, *limit);
       propose_context const ctx = step_.context(k);
       proposer_->propose(ctx, step_.tree());
+      step_.end_propose();
       if constexpr (has_auxiliary_tokens_v<Proposer>)
         step_.auxiliary(
             [&](auxiliary_batch& aux) { proposer_->auxiliary(ctx, step_.tree(), aux); });

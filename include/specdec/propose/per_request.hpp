@@ -8,7 +8,8 @@
 //! learned heads (Medusa, Hydra, EAGLE: the hidden rows each request's proposer reads are that
 //! request's; a proposer whose head runner keeps per-sequence state, as EAGLE's KV cache, gets a
 //! runner of its own per request, see `owning_proposer`). Each request's drafts are exactly those
-//! of its proposer alone.
+//! of its proposer alone. A proposer that drafts with the target (`uses_target`, layer-skip) gets
+//! the handle on its own request's slot in its context.
 
 #include <concepts>
 #include <cstddef>
@@ -46,6 +47,8 @@ class per_request_proposer {
   static constexpr bool samples_drafts = samples_drafts_v<Proposer>;              //!< as Proposer
   static constexpr bool needs_target_hidden = needs_target_hidden_v<Proposer>;    //!< as Proposer
   static constexpr bool has_auxiliary_tokens = has_auxiliary_tokens_v<Proposer>;  //!< as Proposer
+  static constexpr bool uses_target = uses_target_v<Proposer>;                    //!< as Proposer
+  static constexpr bool skips_target_layers = skips_target_layers_v<Proposer>;    //!< as Proposer
 
   //! Makes the proposer of a request from its prompt.
   using factory = std::function<Proposer(std::span<token_id const> prompt)>;
@@ -148,6 +151,8 @@ class owning_proposer {
   static constexpr bool samples_drafts = samples_drafts_v<Proposer>;              //!< as Proposer
   static constexpr bool needs_target_hidden = needs_target_hidden_v<Proposer>;    //!< as Proposer
   static constexpr bool has_auxiliary_tokens = has_auxiliary_tokens_v<Proposer>;  //!< as Proposer
+  static constexpr bool uses_target = uses_target_v<Proposer>;                    //!< as Proposer
+  static constexpr bool skips_target_layers = skips_target_layers_v<Proposer>;    //!< as Proposer
 
   //! Owns `runner` (not null) and the proposer `make(*runner)`. Throws `errc::invalid_argument`
   //! for a null runner.

@@ -70,10 +70,10 @@ draft random_draft(std::mt19937_64& rng, std::size_t past, std::size_t nodes, st
 
 sd::batch_segment segment_of(std::size_t slot, draft const& d) {
   return {.slot = slot,
-          .tokens = d.tokens,
-          .positions = d.positions,
-          .mask = d.mask,
-          .mask_stride = sd::mask_words(d.tokens.size())};
+          .request = {.tokens = d.tokens,
+                      .positions = d.positions,
+                      .mask = d.mask,
+                      .mask_stride = sd::mask_words(d.tokens.size())}};
 }
 
 // The logits of the last token of `tokens`, by a fresh single-sequence prefill.
@@ -201,12 +201,17 @@ TEST_CASE("cpu_batched_llama: a sequence's rows do not depend on the rest of the
   draft const other1 = random_draft(rng, 0, 30, 75, false);
   draft const other2 = random_draft(rng, 0, 4, 75, false);
   sd::batch_forward_result x, y;
-  sd::batch_segment const sa[] = {segment_of(a, prompt)};
-  alone.forward({.segments = sa, .want_hidden = true}, x);
+  auto const with_hidden = [](sd::batch_segment s) {
+    s.request.want_hidden = true;
+    return s;
+  };
+  sd::batch_segment const sa[] = {with_hidden(segment_of(a, prompt))};
+  alone.forward({.segments = sa}, x);
   // Its segment in the middle of the batch, between sequences of other lengths.
-  sd::batch_segment const sb[] = {segment_of(t1, other1), segment_of(t0, prompt),
-                                  segment_of(t2, other2)};
-  together.forward({.segments = sb, .want_hidden = true}, y);
+  sd::batch_segment const sb[] = {with_hidden(segment_of(t1, other1)),
+                                  with_hidden(segment_of(t0, prompt)),
+                                  with_hidden(segment_of(t2, other2))};
+  together.forward({.segments = sb}, y);
   REQUIRE(x.logits(0).rows() == 9);
   REQUIRE(y.logits(1).rows() == 9);
   for (std::size_t i = 0; i < 9; ++i) {
@@ -218,9 +223,9 @@ TEST_CASE("cpu_batched_llama: a sequence's rows do not depend on the rest of the
   draft const long_prefill = random_draft(rng, 30, 20, 75, false);
   std::int32_t const rows[] = {0, 3, 5};
   sd::batch_segment tree_a = segment_of(a, tree);
-  tree_a.logits_rows = rows;
+  tree_a.request.logits_rows = rows;
   sd::batch_segment tree_t = segment_of(t0, tree);
-  tree_t.logits_rows = rows;
+  tree_t.request.logits_rows = rows;
   sd::batch_segment const sc[] = {tree_a};
   sd::batch_segment const sd2[] = {tree_t, segment_of(t1, long_prefill)};
   alone.forward({.segments = sc}, x);
@@ -244,7 +249,8 @@ TEST_CASE("cpu_batched_llama: slots are acquired, released and reused") {
   test_support::check_error([&] { (void)m.acquire_slot(); }, sd::errc::context_overflow,
                             "all 2 sequence slots are in use");
   draft const d{.tokens = {1, 2, 3}, .parents = {-1, 0, 1}, .positions = {0, 1, 2}, .mask = {}};
-  sd::batch_segment const seg[] = {{.slot = s1, .tokens = d.tokens, .positions = d.positions}};
+  sd::batch_segment const seg[] = {
+      {.slot = s1, .request = {.tokens = d.tokens, .positions = d.positions}}};
   sd::batch_forward_result out;
   m.forward({.segments = seg}, out);
   CHECK(m.cache(s1).size() == 3);
@@ -272,8 +278,8 @@ TEST_CASE("cpu_batched_llama: a bad batch throws and leaves every cache unchange
   std::vector<sd::position_t> pos(10);
   std::iota(pos.begin(), pos.end(), 0);
   sd::batch_forward_result out;
-  sd::batch_segment const warm[] = {{.slot = a, .tokens = ten, .positions = pos},
-                                    {.slot = b, .tokens = ten, .positions = pos}};
+  sd::batch_segment const warm[] = {{.slot = a, .request = {.tokens = ten, .positions = pos}},
+                                    {.slot = b, .request = {.tokens = ten, .positions = pos}}};
   m.forward({.segments = warm}, out);
   std::vector<sd::position_t> pos2(10);
   std::iota(pos2.begin(), pos2.end(), 10);
@@ -286,28 +292,28 @@ TEST_CASE("cpu_batched_llama: a bad batch throws and leaves every cache unchange
   std::vector<sd::token_id> const one{3};
   std::vector<sd::position_t> const at10{10};
   {  // b's segment does not fit its cache (16 positions)
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = b, .tokens = ten, .positions = pos2}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = b, .request = {.tokens = ten, .positions = pos2}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::context_overflow,
                               "segment 1: ");
     unchanged();
   }
   {  // a token outside the vocabulary
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = b, .tokens = bad_token, .positions = pos}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = b, .request = {.tokens = bad_token, .positions = pos}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::out_of_range,
                               "segment 1: forward_request: token 75");
     unchanged();
   }
   {  // the same slot twice
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = a, .tokens = one, .positions = at10}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = a, .request = {.tokens = one, .positions = at10}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::invalid_argument,
                               "both use slot");
     unchanged();
   }
   {  // a slot out of range, no segment
-    sd::batch_segment const s[] = {{.slot = 9, .tokens = one, .positions = at10}};
+    sd::batch_segment const s[] = {{.slot = 9, .request = {.tokens = one, .positions = at10}}};
     test_support::expect_error([&] { m.forward({.segments = s}, out); }, sd::errc::out_of_range);
     test_support::expect_error([&] { m.forward({}, out); }, sd::errc::invalid_argument);
     unchanged();

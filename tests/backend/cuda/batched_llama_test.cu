@@ -98,10 +98,10 @@ draft random_draft(std::mt19937_64& rng, std::size_t past, std::size_t nodes, st
 
 sd::batch_segment segment_of(std::size_t slot, draft const& d) {
   return {.slot = slot,
-          .tokens = d.tokens,
-          .positions = d.positions,
-          .mask = d.mask,
-          .mask_stride = sd::mask_words(d.tokens.size())};
+          .request = {.tokens = d.tokens,
+                      .positions = d.positions,
+                      .mask = d.mask,
+                      .mask_stride = sd::mask_words(d.tokens.size())}};
 }
 
 }  // namespace
@@ -165,9 +165,10 @@ TEST_CASE("cuda_batched_llama: ragged steps equal the CPU backend's single-seque
     }
     for (std::size_t c = 0; c < chosen.size(); ++c) {
       segments.push_back(segment_of(seqs[chosen[c]].slot, drafts[c]));
-      segments.back().logits_rows = rows[c];
+      segments.back().request.logits_rows = rows[c];
+      segments.back().request.want_hidden = want_hidden;
     }
-    m.forward({.segments = segments, .want_hidden = want_hidden}, out);
+    m.forward({.segments = segments}, out);
     REQUIRE(out.segments() == chosen.size());
     for (std::size_t c = 0; c < chosen.size(); ++c) {
       CAPTURE(c);
@@ -176,7 +177,7 @@ TEST_CASE("cuda_batched_llama: ragged steps equal the CPU backend's single-seque
       REQUIRE(out.logits(c).rows() == segments[c].logits_count());
       REQUIRE(m.cache(l.slot).size() == l.seq.size() + d.tokens.size());
       // Against the CPU backend: the same request after the sequence's committed tokens.
-      sd::forward_request req = segments[c].request(want_hidden);
+      sd::forward_request req = segments[c].request;
       sd::forward_result const cpu = cuda_test::cpu_forward(w, l.seq, req);
       for (std::size_t r = 0; r < out.logits(c).rows(); ++r)
         CHECK(max_rel_diff(out.logits(c).row(r), cpu.logits_view().row(r)) <= logits_tol);
@@ -291,7 +292,7 @@ TEST_CASE(
       }
       active.push_back(r);
       segments.push_back(segment_of(q.slot, q.d));
-      segments.back().logits_rows = q.logits_row;
+      segments.back().request.logits_rows = q.logits_row;
     }
     if (active.empty()) break;
     m.forward({.segments = segments}, out);
@@ -350,8 +351,8 @@ TEST_CASE("cuda_batched_llama: slots, and a bad batch throws and leaves every ca
   std::iota(pos.begin(), pos.end(), 0);
   std::iota(pos2.begin(), pos2.end(), 10);
   sd::batch_forward_result out;
-  sd::batch_segment const warm[] = {{.slot = a, .tokens = ten, .positions = pos},
-                                    {.slot = b, .tokens = ten, .positions = pos}};
+  sd::batch_segment const warm[] = {{.slot = a, .request = {.tokens = ten, .positions = pos}},
+                                    {.slot = b, .request = {.tokens = ten, .positions = pos}}};
   m.forward({.segments = warm}, out);
   auto const unchanged = [&] {
     CHECK(m.cache(a).size() == 10);
@@ -363,33 +364,33 @@ TEST_CASE("cuda_batched_llama: slots, and a bad batch throws and leaves every ca
   std::vector<token_id> bad_token = ten;
   bad_token[4] = static_cast<token_id>(w->config.vocab_size);
   {  // b's segment does not fit its cache (16 positions)
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = b, .tokens = ten, .positions = pos2}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = b, .request = {.tokens = ten, .positions = pos2}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::context_overflow,
                               "segment 1: ");
     unchanged();
   }
   {  // a token outside the vocabulary
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = b, .tokens = bad_token, .positions = pos}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = b, .request = {.tokens = bad_token, .positions = pos}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::out_of_range,
                               "segment 1: forward_request: token");
     unchanged();
   }
   {  // the same slot twice; a slot out of range; no segment
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = a, .tokens = one, .positions = at10}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = a, .request = {.tokens = one, .positions = at10}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::invalid_argument,
                               "both use slot");
-    sd::batch_segment const far[] = {{.slot = 9, .tokens = one, .positions = at10}};
+    sd::batch_segment const far[] = {{.slot = 9, .request = {.tokens = one, .positions = at10}}};
     test_support::expect_error([&] { m.forward({.segments = far}, out); }, sd::errc::out_of_range);
     test_support::expect_error([&] { m.forward({}, out); }, sd::errc::invalid_argument);
     unchanged();
   }
   {  // a slot not in use
     m.release_slot(b);
-    sd::batch_segment const s[] = {{.slot = a, .tokens = one, .positions = at10},
-                                   {.slot = b, .tokens = one, .positions = at10}};
+    sd::batch_segment const s[] = {{.slot = a, .request = {.tokens = one, .positions = at10}},
+                                   {.slot = b, .request = {.tokens = one, .positions = at10}}};
     test_support::check_error([&] { m.forward({.segments = s}, out); }, sd::errc::invalid_argument,
                               "which is not in use");
     test_support::expect_error([&] { m.release_slot(b); }, sd::errc::invalid_argument);

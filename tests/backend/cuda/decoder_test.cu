@@ -301,8 +301,7 @@ TEST_CASE("cuda_llama decoding: greedy output with every proposer equals the CPU
   sd::prompt_lookup_proposer lookup_tree({.n_max = 3, .n_min = 1, .k = 4, .max_branches = 3});
   // The layer-skipped draft: a second cuda_llama built from the same shared weights (its own
   // device copy and KV cache), skipping layer 2 in every forward.
-  sd::layer_skip_proposer<sd::cuda_llama, sd::greedy> skip({.skip_layers = {2}}, sd::greedy{},
-                                                           weights);
+  sd::layer_skip_proposer<sd::greedy> skip({.skip_layers = {2}}, sd::greedy{});
   sd::rest_proposer rest(datastore);
   sd::lookahead_proposer lookahead({.window = 5, .ngram = 4, .guesses = 5});
   sd::jacobi_proposer jacobi({.block = 8});
@@ -400,8 +399,8 @@ TEST_CASE("cuda_llama decoding: sampled requests with every sampling-capable pro
     sampled_run("draft model", target, p, sd::speculative_sampling_verifier{}, 16, prompt);
   }
   SUBCASE("layer skip, sampled drafts, speculative sampling") {
-    sd::layer_skip_proposer<sd::cuda_llama, sd::sampler, sd::draft_mode::sample> p(
-        {.skip_layers = {2}, .draft = {.k = 3}}, sampling_policy(), weights);
+    sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample> p(
+        {.skip_layers = {2}, .draft = {.k = 3}}, sampling_policy());
     sampled_run("layer skip {2}", target, p, sd::speculative_sampling_verifier{}, 16, prompt);
   }
   SUBCASE("prompt lookup tree, tree verifier") {

@@ -45,6 +45,9 @@ struct cpu_batched_llama_options {
 //! A Llama model on the CPU scoring many sequences per forward (see the file comment).
 class cpu_batched_llama {
  public:
+  //! Its forward honours `forward_request::skip_layers` (self-speculation).
+  static constexpr bool supports_skip_layers = true;
+
   //! A model over `weights` (shared ownership). Throws as `cpu_llama` does, and
   //! `errc::invalid_argument` for max_slots outside [1, 2^20].
   explicit cpu_batched_llama(std::shared_ptr<llama_weights const> weights,

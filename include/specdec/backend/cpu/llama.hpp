@@ -126,6 +126,9 @@ struct cpu_llama_segment {
 //! held, a forward does not allocate.
 class cpu_llama {
  public:
+  //! Its forward honours `forward_request::skip_layers` (self-speculation).
+  static constexpr bool supports_skip_layers = true;
+
   //! A model over `weights` (which must outlive nothing: the model shares ownership). Throws
   //! `errc::invalid_argument` for null weights, missing tensors or bad options, and
   //! `errc::bad_file` for an inconsistent configuration.

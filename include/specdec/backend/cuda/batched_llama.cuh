@@ -43,6 +43,9 @@ struct cuda_batched_llama_options {
 //! A Llama model on one CUDA device scoring many sequences per forward (see the file comment).
 class cuda_batched_llama {
  public:
+  //! Its forward honours `forward_request::skip_layers` (self-speculation).
+  static constexpr bool supports_skip_layers = true;
+
   //! Uploads `weights` to the device (they may be released afterwards). Throws as `cuda_llama`
   //! does, and `errc::invalid_argument` for max_slots outside [1, 2^20].
   explicit cuda_batched_llama(llama_weights const& weights, cuda_batched_llama_options options = {})

@@ -107,6 +107,9 @@ struct cuda_llama_segment {
 //! Not thread-safe: one forward at a time. All work runs on the model's own stream.
 class cuda_llama {
  public:
+  //! Its forward honours `forward_request::skip_layers` (self-speculation).
+  static constexpr bool supports_skip_layers = true;
+
   //! `forward(req, cuda_forward_result&)` leaves the logits on the device: the speculative
   //! decoder uses it with a verifier that reads device rows (step_verifier.cuh).
   using device_forward_result = cuda_forward_result;
