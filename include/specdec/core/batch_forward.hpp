@@ -5,7 +5,6 @@
 //! cache. A serving loop batches many requests into one forward this way, so that the model's
 //! weights are read once per step for all of them.
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -32,18 +31,6 @@ struct batch_segment {
   }
 };
 
-//! Whether two requests ask for the same rows besides logits and the same variant of the forward
-//! (hidden rows, requested layers, skipped layers): what segments of one batched forward share,
-//! since a batched model runs its layers once for all of them.
-[[nodiscard]] inline bool same_outputs(forward_request const& a,
-                                       forward_request const& b) noexcept {
-  auto const equal = [](std::span<std::int32_t const> x, std::span<std::int32_t const> y) {
-    return std::equal(x.begin(), x.end(), y.begin(), y.end());
-  };
-  return a.want_hidden == b.want_hidden && equal(a.requested_layers(), b.requested_layers()) &&
-         equal(a.skip_layers, b.skip_layers);
-}
-
 //! Several sequences for one forward pass. Segments are scored as if each were alone, in one pass.
 struct batch_forward_request {
   std::span<batch_segment const> segments = {};  //!< [segments], each on a different slot
@@ -56,7 +43,8 @@ struct batch_forward_request {
   //! Throws `specdec::error` when the request is malformed for a model of this vocabulary, context
   //! length and number of slots: no segment, a slot out of range or used twice, a segment whose
   //! request `forward_request::validate` refuses (its message prefixed with "segment s: "), or
-  //! segments that ask for other hidden rows or skipped layers than segment 0 (`same_outputs`).
+  //! segments that ask for other hidden rows or skipped layers than segment 0
+  //! (`forward_request::same_outputs`).
   void validate(std::size_t vocab, std::size_t max_context, std::size_t max_slots) const {
     SPECDEC_CHECK(!segments.empty(), invalid_argument, "batch_forward_request: no segments");
     for (std::size_t s = 0; s < segments.size(); ++s) {
@@ -71,7 +59,7 @@ struct batch_forward_request {
       } catch (error const& e) {
         throw detail::with_context(e, detail::concat("segment ", s, ": "));
       }
-      SPECDEC_CHECK(same_outputs(segments[s].request, segments[0].request), invalid_argument,
+      SPECDEC_CHECK(segments[s].request.same_outputs(segments[0].request), invalid_argument,
                     "batch_forward_request: segment ", s,
                     " asks for other hidden rows or skipped layers than segment 0 (a batched "
                     "forward runs its layers once for every segment)");

@@ -72,6 +72,21 @@ struct forward_request {
                     "forward_request: logits row ", r, " is outside the batch of ", n);
     SPECDEC_CHECK(hidden_layer < 0 || hidden_layers.empty(), invalid_argument,
                   "forward_request: hidden_layer and hidden_layers are both set");
+    SPECDEC_CHECK(hidden_layer >= -1, out_of_range, "forward_request: hidden_layer ", hidden_layer,
+                  " (-1 asks for none)");
+  }
+
+  //! As above, and for a model of `n_layers` layers: throws `errc::out_of_range` for a hidden
+  //! layer (`hidden_layer`, `hidden_layers`) or a skipped layer outside [0, n_layers).
+  void validate(std::size_t vocab, std::size_t max_context, std::size_t n_layers) const {
+    validate(vocab, max_context);
+    auto const check = [&](std::int32_t l, char const* what) {
+      SPECDEC_CHECK(l >= 0 && static_cast<std::size_t>(l) < n_layers, out_of_range,
+                    "forward_request: ", what, " ", l, " is outside the model's ", n_layers,
+                    " layers");
+    };
+    for (std::int32_t l : requested_layers()) check(l, "hidden layer");
+    for (std::int32_t l : skip_layers) check(l, "skip layer");
   }
 
   //! The layers whose residual streams the result holds, in order: `hidden_layers`, or
@@ -80,6 +95,18 @@ struct forward_request {
     if (!hidden_layers.empty()) return hidden_layers;
     if (hidden_layer >= 0) return std::span<std::int32_t const>(&hidden_layer, 1);
     return {};
+  }
+
+  //! Whether `other` asks for the same rows besides logits and the same variant of the forward
+  //! (hidden rows, requested layers, skipped layers): what the segments of one multi-sequence
+  //! forward share, since the model runs its layers once for all of them.
+  [[nodiscard]] bool same_outputs(forward_request const& other) const noexcept {
+    auto const equal = [](std::span<std::int32_t const> x, std::span<std::int32_t const> y) {
+      return std::equal(x.begin(), x.end(), y.begin(), y.end());
+    };
+    return want_hidden == other.want_hidden &&
+           equal(requested_layers(), other.requested_layers()) &&
+           equal(skip_layers, other.skip_layers);
   }
 
   //! Whether batch token i may attend to batch token j.

@@ -1,9 +1,8 @@
 #pragma once
 //! \file
-//! GGUF (versions 2 and 3, little-endian): a bounds-checked reader of the header, the metadata
-//! key/values of every value type, the tensor infos and the data section (`gguf_file`), and
-//! `load_gguf`, which builds `llama_weights` from a GGUF of architecture "llama". One topic (one
-//! file format, every check of it in one place) needs more than 600 lines here.
+//! GGUF (versions 2 and 3, little-endian): a bounds-checked reader of the header, metadata of every
+//! value type, tensor infos and data section (`gguf_file`), and `load_gguf` (`llama_weights` from
+//! a "llama" GGUF). One topic (one file format, every check of it in one place) needs 800 lines.
 //!
 //! File layout: "GGUF", uint32 version, uint64 tensor count, uint64 metadata count; metadata
 //! entries (string key, uint32 value type, value); tensor infos (string name, uint32 n_dims,
@@ -11,9 +10,8 @@
 //! padding to `general.alignment` (default 32); the data section. A string is a uint64 length and
 //! that many bytes; an array is a uint32 element type, a uint64 count and the elements.
 //!
-//! Every length, count, offset and extent is checked against the file size with overflow-safe
-//! arithmetic before anything is read; violations throw `errc::bad_file` naming the file, the
-//! item and the numbers.
+//! Every length, count, offset and extent is checked against the file size (overflow-safe) before
+//! anything is read; violations throw `errc::bad_file` naming the file, the item and the numbers.
 
 #include <algorithm>
 #include <array>

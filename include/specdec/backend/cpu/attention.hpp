@@ -4,11 +4,14 @@
 //! heads: keys transposed into blocks of 16), softmax, values. Internal to backend/cpu.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 
+#include "specdec/core/forward.hpp"
+#include "specdec/core/types.hpp"
 #include "specdec/detail/simd_registers.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,6 +30,61 @@ struct row_run {
   std::size_t row;
   std::size_t count;
 };
+
+//! Builds a virtual sequence as runs into `runs` (room enough), merging consecutive rows.
+struct row_runs {
+  row_run* runs;
+  std::size_t count = 0;   //!< runs so far
+  std::size_t length = 0;  //!< rows so far
+
+  //! Appends rows [row, row + n).
+  void add(std::size_t row, std::size_t n) noexcept {
+    if (count > 0 && runs[count - 1].row + runs[count - 1].count == row)
+      runs[count - 1].count += n;
+    else
+      runs[count++] = {row, n};
+    length += n;
+  }
+  //! Appends the rows `base` + j for every bit j set in the first `bits` bits of `mask`.
+  void add_bits(std::uint64_t const* mask, std::size_t bits, std::size_t base) noexcept {
+    for (std::size_t word = 0; word < (bits + 63) / 64; ++word) {
+      std::uint64_t m = mask[word];
+      if (word == bits / 64 && bits % 64 != 0) m &= (std::uint64_t{1} << (bits % 64)) - 1;
+      for (; m != 0; m &= m - 1)
+        add(base + word * 64 + static_cast<std::size_t>(std::countr_zero(m)), 1);
+    }
+  }
+};
+
+//! The index of the last batch token that batch token t of `req` sees.
+[[nodiscard]] inline std::size_t last_visible(forward_request const& req, std::size_t t) noexcept {
+  if (req.mask.empty()) return t;
+  std::size_t const n = req.tokens.size();
+  std::uint64_t const* row = req.mask.data() + t * req.mask_stride;
+  for (std::size_t word = mask_words(n); word-- > 0;) {
+    std::uint64_t bits = row[word];
+    if (word == n / 64 && n % 64 != 0) bits &= (std::uint64_t{1} << (n % 64)) - 1;
+    if (bits != 0) return word * 64 + 63 - static_cast<std::size_t>(std::countl_zero(bits));
+  }
+  return t;  // unreachable for a validated request: every token sees itself
+}
+
+//! The virtual sequence of batch token t of `req` -- the cache rows [0, past), then the batch rows
+//! its mask lets it see, in batch order, at cache rows past + batch index -- as runs of
+//! consecutive cache rows into `runs` (room for the batch + 1); returns the number of runs and
+//! sets `length` to the sequence's length. Attention sums over the sequence in its order, so a
+//! token's result is the same as when the same tokens sit at consecutive positions.
+inline std::size_t virtual_sequence(std::size_t t, forward_request const& req, std::size_t past,
+                                    row_run* runs, std::size_t& length) noexcept {
+  row_runs seq{.runs = runs};
+  if (past > 0) seq.add(0, past);
+  if (req.mask.empty())
+    seq.add(past, t + 1);
+  else
+    seq.add_bits(req.mask.data() + t * req.mask_stride, req.tokens.size(), past);
+  length = seq.length;
+  return seq.count;
+}
 
 //! s[j] = scale * dot(q[:hs], k[j * ldk : j * ldk + hs]) for j in [0, n): a query against n key
 //! rows (rows ldk floats apart). Every row is computed the same way, whatever its index and n.

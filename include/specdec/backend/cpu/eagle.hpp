@@ -278,30 +278,17 @@ class cpu_eagle_head {
   // `end` (one past the last). Entries after the row's own are never visible.
   std::size_t sequence(eagle_batch const& b, std::size_t i, std::size_t past, std::size_t& length,
                        std::size_t& end) noexcept {
-    std::size_t n_runs = 0;
-    length = 0;
-    auto add = [&](std::size_t row, std::size_t count) {
-      if (n_runs > 0 && runs_[n_runs - 1].row + runs_[n_runs - 1].count == row)
-        runs_[n_runs - 1].count += count;
-      else
-        runs_[n_runs++] = {row, count};
-      length += count;
-    };
+    detail::cpu::row_runs seq{.runs = runs_.data()};
     if (b.mask.empty()) {
-      add(0, past + i + 1);
+      seq.add(0, past + i + 1);
     } else {
-      if (b.shared > 0) add(0, b.shared);
-      std::uint64_t const* row = b.mask.data() + i * b.mask_stride;
-      std::size_t const bits = past + i + 1 - b.shared;  // entries up to the row's own
-      for (std::size_t word = 0; word < mask_words(bits); ++word) {
-        std::uint64_t m = row[word];
-        if (word == bits / 64 && bits % 64 != 0) m &= (std::uint64_t{1} << (bits % 64)) - 1;
-        for (; m != 0; m &= m - 1)
-          add(b.shared + word * 64 + static_cast<std::size_t>(std::countr_zero(m)), 1);
-      }
+      if (b.shared > 0) seq.add(0, b.shared);
+      // Entries up to the row's own.
+      seq.add_bits(b.mask.data() + i * b.mask_stride, past + i + 1 - b.shared, b.shared);
     }
-    end = runs_[n_runs - 1].row + runs_[n_runs - 1].count;
-    return n_runs;
+    length = seq.length;
+    end = runs_[seq.count - 1].row + runs_[seq.count - 1].count;
+    return seq.count;
   }
 
   // Score rows for `entries` entries (heads_per_task rows, each rounded up to 16 floats).

@@ -27,6 +27,7 @@
 #include "specdec/backend/cpu/attention.hpp"
 #include "specdec/backend/cpu/elementwise.hpp"
 #include "specdec/backend/cpu/gemm.hpp"
+#include "specdec/backend/cpu/llama_sequence.hpp"
 #include "specdec/backend/cpu/packed_gemm.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/core/error.hpp"
@@ -38,78 +39,13 @@
 
 namespace specdec {
 
-//! Options of a `cpu_llama`.
-struct cpu_llama_options {
-  //! Threads for the matrix products and attention (the calling thread included). Default 2; set
-  //! it to the cores the caller may use: with more threads than free cores (a busy machine,
-  //! workers sharing it) every forward is many times slower.
-  std::size_t threads = 2;
-  //! Positions the KV cache can hold and the largest position + 1 accepted; 0 = the model's
-  //! seq_len. It may exceed seq_len (the context the model was trained on), where the output is
-  //! whatever the model makes of positions it has not seen. Memory grows with the positions in use,
-  //! not with this limit.
-  std::size_t max_context = 0;
-  //! Batch rows the activation buffers are sized for at construction; larger batches grow them
-  //! once (the only allocation a forward may do).
-  std::size_t batch_capacity = 64;
-  //! The thread pool; null = the process-wide pool of `threads` threads
-  //! (`thread_pool::shared`), which every model with the same thread count uses in turn. When
-  //! given, its size overrides `threads`.
-  std::shared_ptr<thread_pool> pool = nullptr;
-  //! Models whose layer matrices and classifier take at most this many bytes are repacked at
-  //! construction (a copy of that size) for the small-model kernels (`detail::cpu::packed_gemm`);
-  //! larger ones are used in place. Either way a token's logits do not depend on its batch or the
-  //! thread count, but the two layouts round differently: models that must agree bit for bit
-  //! (a target and its layer-skipping copy) need the same limit.
-  std::size_t pack_limit = std::size_t{64} << 20;
-};
-
-class cpu_llama;
-
-//! The state of one sequence a `cpu_llama` scores: its KV cache and, in AVX-512 builds for heads
-//! of 8 floats, the cache's keys and values kept transposed per layer for attention. A model holds
-//! one of its own (`cpu_llama::cache()`); `cpu_llama::make_sequence` makes more, which a
-//! multi-sequence forward (`cpu_llama::forward` over `cpu_llama_segment`s) scores together. A
-//! sequence fits every model of the same shape (layers, key/value width, context). Memory grows
-//! with the positions in use, as for the model's own sequence.
-class cpu_llama_sequence {
- public:
-  //! No cache: unusable in a forward until assigned one made by `cpu_llama::make_sequence`.
-  cpu_llama_sequence() = default;
-
-  //! The sequence's KV cache: truncate / keep_path it to commit speculation.
-  [[nodiscard]] contiguous_cache& cache() noexcept { return cache_; }
-  //! The sequence's KV cache, read-only.
-  [[nodiscard]] contiguous_cache const& cache() const noexcept { return cache_; }
-  //! Positions the sequence's buffers (KV cache, transposed copy) hold in memory now.
-  [[nodiscard]] std::size_t reserved() const noexcept { return rows_; }
-
- private:
-  friend class cpu_llama;
-
-  contiguous_cache cache_;
-  detail::cpu::aligned_floats kt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed keys
-  detail::cpu::aligned_floats vt_;  // [n_layers, kv_heads, lcap / 16, 8, 16] transposed values
-  std::vector<std::size_t> transposed_rows_;  // [n_layers] leading cache rows kt_/vt_ hold
-  std::size_t rows_ = 0;                      // positions held in memory (see reserved())
-  std::size_t lcap_ = 0;                      // rows_ rounded up to 16: a transposed row's room
-};
-
-//! One sequence's part of a multi-sequence `cpu_llama::forward`: its tokens, positions, mask and
-//! logits rows (`request`, as a single-sequence forward takes them; its mask covers the segment's
-//! own tokens: a sequence never sees another's) scored against `sequence`'s cache.
-struct cpu_llama_segment {
-  cpu_llama_sequence* sequence = nullptr;  //!< the sequence scored (not null)
-  forward_request request;                 //!< its tokens, as for a single-sequence forward
-};
-
 //! A Llama-architecture causal language model on the CPU: RMSNorm, RoPE (interleaved pairs),
 //! grouped-query attention, SwiGLU, tied or untied classifier, all float32.
 //!
 //! `forward` scores a batch of tokens against its own `contiguous_cache` with the request's
 //! visibility mask (tree attention) and appends the batch's keys and values to the cache in batch
 //! order. The weights are shared (read-only) and can back several models, each with its own
-//! cache; for example a self-speculative draft that skips layers. One forward at a time per model.
+//! cache. One forward at a time per model.
 //!
 //! Several sequences at once: `forward` over `cpu_llama_segment`s scores each segment against its
 //! own `cpu_llama_sequence` (made by `make_sequence`) in ONE pass over the weights: the rows of
@@ -403,22 +339,11 @@ class cpu_llama {
   }
 
   void validate(forward_request const& req, contiguous_cache const& cache) const {
-    req.validate(vocab_, max_context_);
+    req.validate(vocab_, max_context_, n_layers_);
     std::size_t const n = req.tokens.size();
     SPECDEC_CHECK(n <= cache.room(), context_overflow, "cpu_llama::forward: a batch of ", n,
                   " tokens does not fit the cache (", cache.size(), " of ", cache.capacity(),
                   " positions used)");
-    SPECDEC_CHECK(req.hidden_layer >= -1 && req.hidden_layer < static_cast<std::int32_t>(n_layers_),
-                  out_of_range, "cpu_llama::forward: hidden_layer ", req.hidden_layer,
-                  " is outside the model's ", n_layers_, " layers");
-    for (std::int32_t l : req.hidden_layers)
-      SPECDEC_CHECK(l >= 0 && l < static_cast<std::int32_t>(n_layers_), out_of_range,
-                    "cpu_llama::forward: hidden layer ", l, " is outside the model's ", n_layers_,
-                    " layers");
-    for (std::int32_t l : req.skip_layers)
-      SPECDEC_CHECK(l >= 0 && l < static_cast<std::int32_t>(n_layers_), out_of_range,
-                    "cpu_llama::forward: skip layer ", l, " is outside the model's ", n_layers_,
-                    " layers");
     if (!req.mask.empty()) {
       for (std::size_t i = 0; i < n; ++i)
         SPECDEC_CHECK(req.visible(i, i), invalid_argument, "cpu_llama::forward: mask row ", i,
@@ -517,25 +442,13 @@ class cpu_llama {
     batch_capacity_ = n;
   }
 
-  // Runs `f(begin, end)` over [0, rows) split in `grain`-aligned chunks across the pool, or on
-  // this thread alone when the work (multiply-adds) is too small to pay for the hand-off.
-  template <class F>
-  void split_rows(std::size_t rows, std::size_t grain, std::size_t work, F&& f) noexcept {
-    constexpr std::size_t min_parallel_work = std::size_t{1} << 15;
-    if (pool_->size() == 1 || work < min_parallel_work) {
-      f(std::size_t{0}, rows);
-    } else {
-      pool_->parallel_for(rows, grain, f);
-    }
-  }
-
   // y (op)= w x for the tokens [0, n) of x (rows ldx apart; y rows ldy apart), vectors split
   // across the pool.
   template <detail::cpu::panel_op Op>
   void packed_product(detail::cpu::packed_matrix const& w, float const* x, std::size_t ldx,
                       std::size_t n, float* y, std::size_t ldy) noexcept {
     std::size_t const work = w.vectors() * detail::cpu::simd::width * w.k() * n;
-    split_rows(w.vectors(), 4, work, [&](std::size_t v0, std::size_t v1) {
+    pool_->split_rows(w.vectors(), 4, work, [&](std::size_t v0, std::size_t v1) {
       detail::cpu::packed_gemm<Op>(w, v0, v1, x, ldx, n, y, ldy);
     });
   }
@@ -560,7 +473,7 @@ class cpu_llama {
                     w.token_embedding + static_cast<std::size_t>(req.tokens[i]) * dim_,
                     dim_ * sizeof(float));
         row_segment_[t] = s;
-        visible_end_[t] = last_visible(req, i) + 1;
+        visible_end_[t] = detail::cpu::last_visible(req, i) + 1;
         g.visible_rows = std::max(g.visible_rows, visible_end_[t]);
       }
     }
@@ -614,22 +527,9 @@ class cpu_llama {
       packed_product<k::panel_op::store>(packed_classifier_, rows, dim_, m, logits, vocab_);
       return;
     }
-    split_rows(vocab_, k::tile_rows, vocab_ * dim_ * m, [&](std::size_t r0, std::size_t r1) {
+    pool_->split_rows(vocab_, k::tile_rows, vocab_ * dim_ * m, [&](std::size_t r0, std::size_t r1) {
       k::gemm_nt(w.classifier, dim_, r0, r1, rows, dim_, m, dim_, logits, vocab_, false);
     });
-  }
-
-  // The index of the last batch token that token t sees.
-  static std::size_t last_visible(forward_request const& req, std::size_t t) noexcept {
-    if (req.mask.empty()) return t;
-    std::size_t const n = req.tokens.size();
-    std::uint64_t const* row = req.mask.data() + t * req.mask_stride;
-    for (std::size_t word = mask_words(n); word-- > 0;) {
-      std::uint64_t bits = row[word];
-      if (word == n / 64 && n % 64 != 0) bits &= (std::uint64_t{1} << (n % 64)) - 1;
-      if (bits != 0) return word * 64 + 63 - static_cast<std::size_t>(std::countl_zero(bits));
-    }
-    return t;  // unreachable: validate() ensures the token sees itself
   }
 
   // A layer with the weights in place (large models).
@@ -650,17 +550,18 @@ class cpu_llama {
     for (std::size_t t = 0; t < n; ++t)
       k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
     std::size_t const qkv_rows = dim_ + 2 * kv_dim_;
-    split_rows(qkv_rows, k::tile_rows, qkv_rows * dim_ * n, [&](std::size_t r0, std::size_t r1) {
-      auto block = [&](float const* wt, std::size_t first, std::size_t count, float* y,
-                       std::size_t ldy) {
-        std::size_t const b = std::max(r0, first), e = std::min(r1, first + count);
-        if (b < e)
-          k::gemm_nt(wt, dim_, b - first, e - first, xb_.data(), dim_, n, dim_, y, ldy, false);
-      };
-      block(lw.wq, 0, dim_, q_.data(), dim_);
-      block(lw.wk, dim_, kv_dim_, kd, ld);
-      block(lw.wv, dim_ + kv_dim_, kv_dim_, vd, ld);
-    });
+    pool_->split_rows(
+        qkv_rows, k::tile_rows, qkv_rows * dim_ * n, [&](std::size_t r0, std::size_t r1) {
+          auto block = [&](float const* wt, std::size_t first, std::size_t count, float* y,
+                           std::size_t ldy) {
+            std::size_t const b = std::max(r0, first), e = std::min(r1, first + count);
+            if (b < e)
+              k::gemm_nt(wt, dim_, b - first, e - first, xb_.data(), dim_, n, dim_, y, ldy, false);
+          };
+          block(lw.wq, 0, dim_, q_.data(), dim_);
+          block(lw.wk, dim_, kv_dim_, kd, ld);
+          block(lw.wv, dim_ + kv_dim_, kv_dim_, vd, ld);
+        });
     for (std::size_t t = 0; t < n; ++t) {
       segment const& g = segs_[row_segment_[t]];
       float const* const cs =
@@ -678,27 +579,28 @@ class cpu_llama {
     attention(l, n);
 
     // Output projection, added to the residual stream.
-    split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
+    pool_->split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
       k::gemm_nt(lw.wo, dim_, r0, r1, att_.data(), dim_, n, dim_, x_.data(), dim_, true);
     });
 
     // Feed-forward block: norm, gate and up projections with SwiGLU, down projection added.
     for (std::size_t t = 0; t < n; ++t)
       k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_ffn, dim_, eps);
-    split_rows(hidden_dim_, k::tile_rows, 2 * hidden_dim_ * dim_ * n,
-               [&](std::size_t r0, std::size_t r1) {
-                 k::gemm_nt(lw.w1, dim_, r0, r1, xb_.data(), dim_, n, dim_, hb_.data(), hidden_dim_,
-                            false);
-                 k::gemm_nt(lw.w3, dim_, r0, r1, xb_.data(), dim_, n, dim_, hb2_.data(),
-                            hidden_dim_, false);
-                 for (std::size_t t = 0; t < n; ++t)
-                   k::swiglu(hb_.data() + t * hidden_dim_ + r0, hb2_.data() + t * hidden_dim_ + r0,
-                             r1 - r0);
-               });
-    split_rows(dim_, k::tile_rows, dim_ * hidden_dim_ * n, [&](std::size_t r0, std::size_t r1) {
-      k::gemm_nt(lw.w2, hidden_dim_, r0, r1, hb_.data(), hidden_dim_, n, hidden_dim_, x_.data(),
-                 dim_, true);
-    });
+    pool_->split_rows(hidden_dim_, k::tile_rows, 2 * hidden_dim_ * dim_ * n,
+                      [&](std::size_t r0, std::size_t r1) {
+                        k::gemm_nt(lw.w1, dim_, r0, r1, xb_.data(), dim_, n, dim_, hb_.data(),
+                                   hidden_dim_, false);
+                        k::gemm_nt(lw.w3, dim_, r0, r1, xb_.data(), dim_, n, dim_, hb2_.data(),
+                                   hidden_dim_, false);
+                        for (std::size_t t = 0; t < n; ++t)
+                          k::swiglu(hb_.data() + t * hidden_dim_ + r0,
+                                    hb2_.data() + t * hidden_dim_ + r0, r1 - r0);
+                      });
+    pool_->split_rows(dim_, k::tile_rows, dim_ * hidden_dim_ * n,
+                      [&](std::size_t r0, std::size_t r1) {
+                        k::gemm_nt(lw.w2, hidden_dim_, r0, r1, hb_.data(), hidden_dim_, n,
+                                   hidden_dim_, x_.data(), dim_, true);
+                      });
   }
 
   // A layer with repacked weights (small models): q, k and v in one product, then RoPE and the
@@ -765,62 +667,17 @@ class cpu_llama {
         }
         q.transposed_rows_[l] = rows;
       }
-      pool_task_split(n_kv_heads_ * n, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
-        for (std::size_t task = b; task < e; ++task) attend8(task / n, task % n, thread, l);
-      });
+      pool_->split_tasks(n_kv_heads_ * n, work,
+                         [&](std::size_t thread, std::size_t b, std::size_t e) {
+                           for (std::size_t task = b; task < e; ++task)
+                             attend8(task / n, task % n, thread, l);
+                         });
       return;
     }
     std::size_t const groups = (n_heads_ + heads_per_task_ - 1) / heads_per_task_;
-    pool_task_split(n * groups, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
+    pool_->split_tasks(n * groups, work, [&](std::size_t thread, std::size_t b, std::size_t e) {
       for (std::size_t task = b; task < e; ++task) attend(task / groups, task % groups, thread, l);
     });
-  }
-
-  // Splits `tasks` evenly over the pool (or runs them here when the work is small); f(thread,
-  // begin, end).
-  template <class F>
-  void pool_task_split(std::size_t tasks, std::size_t work, F&& f) noexcept {
-    constexpr std::size_t min_parallel_work = std::size_t{1} << 15;
-    std::size_t const threads = pool_->size();
-    if (threads == 1 || work < min_parallel_work || tasks == 1) {
-      f(std::size_t{0}, std::size_t{0}, tasks);
-      return;
-    }
-    pool_->run([&](std::size_t t) {
-      std::size_t const b = tasks * t / threads, e = tasks * (t + 1) / threads;
-      if (b < e) f(t, b, e);
-    });
-  }
-
-  // The virtual sequence of batch token t -- the cache rows [0, past), then the batch rows its
-  // mask lets it see, in batch order -- as runs of consecutive cache rows; returns the number of
-  // runs and sets `length` to the sequence's length. Attention sums over the sequence in its
-  // order, so a token's result is the same as when the same tokens sit at consecutive positions.
-  std::size_t sequence(std::size_t t, forward_request const& req, std::size_t past,
-                       detail::cpu::row_run* runs, std::size_t& length) const noexcept {
-    std::size_t const n = req.tokens.size();
-    std::size_t n_runs = 0;
-    length = 0;
-    auto add = [&](std::size_t row, std::size_t count) {
-      if (n_runs > 0 && runs[n_runs - 1].row + runs[n_runs - 1].count == row)
-        runs[n_runs - 1].count += count;
-      else
-        runs[n_runs++] = {row, count};
-      length += count;
-    };
-    if (past > 0) add(0, past);
-    if (req.mask.empty()) {
-      add(past, t + 1);
-      return n_runs;
-    }
-    std::uint64_t const* row = req.mask.data() + t * req.mask_stride;
-    for (std::size_t word = 0; word < mask_words(n); ++word) {
-      std::uint64_t bits = row[word];
-      if (word == n / 64 && n % 64 != 0) bits &= (std::uint64_t{1} << (n % 64)) - 1;
-      for (; bits != 0; bits &= bits - 1)
-        add(past + word * 64 + static_cast<std::size_t>(std::countr_zero(bits)), 1);
-    }
-    return n_runs;
   }
 
   // Attention of batch token t for the query heads of kv head g (heads of 8 floats, keys and
@@ -839,7 +696,7 @@ class cpu_llama {
     float* const scores = scores_.data() + thread * scores_per_thread_;
     k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
     std::size_t length = 0;
-    std::size_t const n_runs = sequence(t - sg.first, *sg.req, sg.past, runs, length);
+    std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length);
     bool const compacted = n_runs > 1 || runs[0].row != 0;  // the sequence is not [0, length)
     // Blocks [0, from) of the sequence are cache rows at their own index (the shared transposed
     // values); the others are gathered and transposed here.
@@ -884,7 +741,7 @@ class cpu_llama {
     float* const scores = scores_.data() + thread * scores_per_thread_;
     k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
     std::size_t length = 0;
-    std::size_t const n_runs = sequence(t - sg.first, *sg.req, sg.past, runs, length);
+    std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length);
     std::size_t const h0 = group * heads_per_task_;
     std::size_t const h1 = std::min(n_heads_, h0 + heads_per_task_);
     k::attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, n_heads_ / n_kv_heads_, h0,

@@ -133,6 +133,35 @@ class thread_pool {
     }
   }
 
+  //! Work (multiply-adds) below which `split_rows` and `split_tasks` stay on the calling thread:
+  //! the hand-off to the workers would cost more.
+  static constexpr std::size_t min_parallel_work = std::size_t{1} << 15;
+
+  //! `parallel_for(rows, grain, f)`, or `f(0, rows)` on this thread alone when the pool has one
+  //! thread or `work` is below `min_parallel_work`.
+  template <class F>
+  void split_rows(std::size_t rows, std::size_t grain, std::size_t work, F&& f) noexcept {
+    if (size_ == 1 || work < min_parallel_work)
+      f(std::size_t{0}, rows);
+    else
+      parallel_for(rows, grain, f);
+  }
+
+  //! Splits `tasks` evenly over the threads and calls f(thread, begin, end) on each non-empty
+  //! share, or f(0, 0, tasks) here when the pool has one thread, there is one task or `work` is
+  //! below `min_parallel_work`.
+  template <class F>
+  void split_tasks(std::size_t tasks, std::size_t work, F&& f) noexcept {
+    if (size_ == 1 || work < min_parallel_work || tasks == 1) {
+      f(std::size_t{0}, std::size_t{0}, tasks);
+      return;
+    }
+    run([&](std::size_t t) {
+      std::size_t const b = tasks * t / size_, e = tasks * (t + 1) / size_;
+      if (b < e) f(t, b, e);
+    });
+  }
+
   //! Splits [0, n) into size() contiguous chunks whose bounds are multiples of `grain` (except n)
   //! and calls `f(begin, end)` on each non-empty chunk, one per thread.
   template <class F>

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "specdec/backend/cuda/common.cuh"
@@ -184,6 +185,36 @@ __global__ void segment_attention_kernel(float const* __restrict__ qkv, std::int
                   table.count[s], r - table.first[s], offset < 0 ? nullptr : table.masks + offset,
                   table.mask_stride[s], out + static_cast<std::int64_t>(r) * dim, kv_dim, head_size,
                   heads_per_kv);
+}
+
+//! Threads of an attention block (`attention_kernel`, `segment_attention_kernel`).
+inline constexpr unsigned attention_threads = 256;
+
+//! Bytes of dynamic shared memory an attention block needs over `keys` keys with heads of
+//! `head_size` floats (see `attend_block`).
+[[nodiscard]] inline std::size_t attention_smem(std::size_t head_size, std::size_t keys) noexcept {
+  std::size_t const groups = attention_threads >= head_size ? attention_threads / head_size : 1;
+  return (head_size + keys + groups * head_size) * sizeof(float);
+}
+
+//! Checks that attention over `keys` keys fits the shared memory the current device allows one
+//! block (`errc::unsupported` naming `who` otherwise) and lets each of `kernels` use that much.
+template <class... Kernel>
+void allow_attention_smem(std::size_t head_size, std::size_t keys, char const* who,
+                          Kernel*... kernels) {
+  int device = 0, optin = 0;
+  SPECDEC_CUDA_CHECK(cudaGetDevice(&device));
+  SPECDEC_CUDA_CHECK(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  std::size_t const need = attention_smem(head_size, keys);
+  SPECDEC_CHECK(need <= static_cast<std::size_t>(optin), unsupported, who, ": a context of ", keys,
+                " entries needs ", need,
+                " bytes of shared memory per attention block; the device allows ", optin);
+  auto const allow = [&](auto* kernel) {
+    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(need)));
+  };
+  (allow(kernels), ...);
 }
 
 #endif  // __CUDACC__

@@ -121,6 +121,16 @@ inline void throw_if_flagged(std::span<std::int32_t const> flags, char const* wh
     }                                                                              \
   } while (false)
 
+//! Throws `specdec::error(errc::internal)` naming the call unless the cuBLAS call succeeds.
+#define SPECDEC_CUBLAS_CHECK(EXPR)                                                 \
+  do {                                                                             \
+    cublasStatus_t const specdec_cublas_st_ = (EXPR);                              \
+    if (specdec_cublas_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                \
+      SPECDEC_THROW(internal, #EXPR, " failed at ", __FILE__, ":", __LINE__, ": ", \
+                    cublasGetStatusName(specdec_cublas_st_));                      \
+    }                                                                              \
+  } while (false)
+
 namespace specdec::cuda {
 
 //! An owning, move-only array of `T` in device memory. Growing discards the contents.
@@ -205,6 +215,43 @@ class device_buffer {
     size_ = 0;
   }
 
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+//! An owning, non-copyable array of `T` in pinned (page-locked) host memory, the staging area of
+//! asynchronous copies. Growing discards the contents.
+template <class T>
+class pinned_buffer {
+ public:
+  pinned_buffer() noexcept = default;
+  ~pinned_buffer() { release(); }
+  pinned_buffer(pinned_buffer const&) = delete;
+  pinned_buffer& operator=(pinned_buffer const&) = delete;
+
+  //! Makes room for at least `count` elements; reallocates (dropping the contents) only when the
+  //! current allocation is smaller. Throws `specdec::error` when cudaMallocHost fails.
+  void reserve(std::size_t count) {
+    if (count <= size_) return;
+    SPECDEC_CHECK(count <= std::numeric_limits<std::size_t>::max() / sizeof(T), out_of_range,
+                  "pinned_buffer: ", count, " elements overflow the address space");
+    release();
+    void* p = nullptr;
+    SPECDEC_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(T)));
+    data_ = static_cast<T*>(p);
+    size_ = count;
+  }
+  //! Frees the memory.
+  void release() noexcept {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };

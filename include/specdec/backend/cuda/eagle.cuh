@@ -132,17 +132,8 @@ class cuda_eagle_head {
     lm_head_ = dev_.put(w.lm_head, draft_vocab_ * dim_);
     cache_ = std::make_unique<cuda_kv_cache>(1, static_cast<std::int32_t>(kv_dim_), max_context_,
                                              dev_.stream());
-    int device = 0, optin = 0;
-    SPECDEC_CUDA_CHECK(cudaGetDevice(&device));
-    SPECDEC_CUDA_CHECK(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    std::size_t const need = attention_smem(max_context_);
-    SPECDEC_CHECK(need <= static_cast<std::size_t>(optin), unsupported,
-                  "cuda_eagle_head: a context of ", max_context_, " entries needs ", need,
-                  " bytes of shared memory per attention block; the device allows ", optin);
-    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<float>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(need)));
+    cuda::detail::allow_attention_smem(hs_, max_context_, "cuda_eagle_head",
+                                       cuda::detail::attention_kernel<float>);
   }
 
   //! The head's kind.
@@ -311,11 +302,10 @@ class cuda_eagle_head {
   }
 
  private:
-  static constexpr unsigned attention_threads = 256;
+  static constexpr unsigned attention_threads = cuda::detail::attention_threads;
 
   [[nodiscard]] std::size_t attention_smem(std::size_t keys) const noexcept {
-    std::size_t const groups = attention_threads >= hs_ ? attention_threads / hs_ : 1;
-    return (hs_ + keys + groups * hs_) * sizeof(float);
+    return cuda::detail::attention_smem(hs_, keys);
   }
 
   void validate(eagle_batch const& b, matrix_view<float> out) const {

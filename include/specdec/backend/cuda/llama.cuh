@@ -28,9 +28,8 @@
 //! segment (`segment_kv_append_kernel`, `segment_attention_kernel`: attention.cuh), reading each
 //! row's segment, cache length and cache planes from a segment table staged with the inputs.
 //!
-//! One topic, the model's forward, needs about 900 lines here: its two paths and the forward over
-//! segments share the staging of the inputs, the graph capture, the reference path's layers and
-//! the outputs, and splitting them would put one forward in several headers.
+//! One topic, the model's forward, needs about 800 lines: its two paths and the forward over
+//! segments share the staging, the graph capture, the reference layers and the outputs.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -51,6 +50,7 @@
 #include "specdec/backend/cuda/fused.cuh"
 #include "specdec/backend/cuda/graph_cache.cuh"
 #include "specdec/backend/cuda/kv_cache.cuh"
+#include "specdec/backend/cuda/llama_options.hpp"
 #include "specdec/backend/cuda/weight_layout.hpp"
 #include "specdec/backend/cuda/weights.cuh"
 #include "specdec/core/error.hpp"
@@ -59,34 +59,7 @@
 #include "specdec/core/views.hpp"
 #include "specdec/model/llama_weights.hpp"
 
-//! Throws `specdec::error(errc::internal)` naming the call unless the cuBLAS call succeeds.
-#define SPECDEC_CUBLAS_CHECK(EXPR)                                                 \
-  do {                                                                             \
-    cublasStatus_t const specdec_cublas_st_ = (EXPR);                              \
-    if (specdec_cublas_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                \
-      SPECDEC_THROW(internal, #EXPR, " failed at ", __FILE__, ":", __LINE__, ": ", \
-                    cublasGetStatusName(specdec_cublas_st_));                      \
-    }                                                                              \
-  } while (false)
-
 namespace specdec {
-
-//! Options of `cuda_llama`.
-struct cuda_llama_options {
-  std::size_t max_context = 0;  //!< cache capacity in tokens; 0 = the model's seq_len
-  std::size_t max_batch = 64;   //!< tokens per forward reserved up front (grows on demand)
-  int device = -1;              //!< CUDA device ordinal; -1 = the current device
-  //! Element type of the matrices on the device (the loaders' float32 weights are converted,
-  //! rounding to nearest even; F16 / BF16 tensors of a GGUF file convert back to their own bits).
-  weight_dtype dtype = weight_dtype::f32;
-  //! Forwards of at most `cuda::fused_max_tokens` tokens and logits rows take the fused kernels
-  //! (when the model's widths allow: `cuda::fused_supported`); false: always the reference path.
-  bool fused = true;
-  //! Fused forwards are captured as CUDA graphs, one per shape, and replayed.
-  bool graphs = true;
-  //! Most shapes captured (the first ones seen); later shapes run their launches directly.
-  std::size_t max_graphs = 64;
-};
 
 #if defined(__CUDACC__)
 
@@ -277,8 +250,8 @@ class cuda_llama {
     std::size_t const hidden_floats = req.want_hidden ? n * d : 0;
     std::size_t const layers = req.requested_layers().size();
     std::size_t const layer_floats = n * layers * d;
-    reserve_outputs(logit_floats + hidden_floats + layer_floats);
-    float* host = host_outputs_;
+    host_outputs_.reserve(logit_floats + hidden_floats + layer_floats);
+    float* host = host_outputs_.data();
     SPECDEC_CUDA_CHECK(cudaMemcpyAsync(host, logits_.data(), logit_floats * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
     if (hidden_floats != 0)
@@ -297,36 +270,20 @@ class cuda_llama {
     out.layer_count = layers;
   }
 
+  // Lets every attention instantiation the forwards launch -- float output (fused path, float32
+  // weights) and the dtype's (reference path, one sequence or segments) -- use the shared memory
+  // of the whole context; throws when the device has too little.
   void check_attention_limits() {
-    int device = 0;
-    SPECDEC_CUDA_CHECK(cudaGetDevice(&device));
-    int optin = 0;
-    SPECDEC_CUDA_CHECK(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    std::size_t const need = attention_smem(max_context_);
-    SPECDEC_CHECK(need <= static_cast<std::size_t>(optin), unsupported, "cuda_llama: a context of ",
-                  max_context_, " tokens needs ", need,
-                  " bytes of shared memory per attention block; the device allows ", optin);
-    // Every instantiation the forwards launch: float output (fused path, float32 weights) and the
-    // dtype's (reference path, one sequence or several segments).
-    SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<float>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(need)));
+    auto const hs = static_cast<std::size_t>(config_.head_size());
     cuda::detail::with_dtype(weights_->dtype(), [&]<class T>(T) {
-      SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::attention_kernel<T>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(need)));
-      SPECDEC_CUDA_CHECK(cudaFuncSetAttribute(cuda::detail::segment_attention_kernel<T>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(need)));
+      cuda::detail::allow_attention_smem(
+          hs, max_context_, "cuda_llama", cuda::detail::attention_kernel<float>,
+          cuda::detail::attention_kernel<T>, cuda::detail::segment_attention_kernel<T>);
     });
   }
 
   [[nodiscard]] std::size_t attention_smem(std::size_t keys) const noexcept {
-    auto const hs = static_cast<std::size_t>(config_.head_size());
-    std::size_t const groups =
-        attention_threads >= hs ? static_cast<std::size_t>(attention_threads) / hs : 1;
-    return (hs + keys + groups * hs) * sizeof(float);
+    return cuda::detail::attention_smem(static_cast<std::size_t>(config_.head_size()), keys);
   }
 
   // Activation buffers for `n` tokens; reallocating them invalidates the captured graphs.
@@ -356,29 +313,11 @@ class cuda_llama {
   // Room for `count` staged 32-bit input words on the host (pinned) and the device;
   // reallocating invalidates the captured graphs.
   void reserve_inputs(std::size_t count) {
-    if (count <= inputs_capacity_) return;
+    if (count <= host_inputs_.size()) return;
     graphs_.clear();
     SPECDEC_CUDA_CHECK(cudaStreamSynchronize(stream_));
     inputs_.resize(count);
-    if (host_inputs_ != nullptr) cudaFreeHost(host_inputs_);
-    host_inputs_ = nullptr;
-    inputs_capacity_ = 0;
-    void* p = nullptr;
-    SPECDEC_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(std::int32_t)));
-    host_inputs_ = static_cast<std::int32_t*>(p);
-    inputs_capacity_ = count;
-  }
-
-  // Room for `count` floats of host outputs (pinned).
-  void reserve_outputs(std::size_t count) {
-    if (count <= outputs_capacity_) return;
-    if (host_outputs_ != nullptr) cudaFreeHost(host_outputs_);
-    host_outputs_ = nullptr;
-    outputs_capacity_ = 0;
-    void* p = nullptr;
-    SPECDEC_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(float)));
-    host_outputs_ = static_cast<float*>(p);
-    outputs_capacity_ = count;
+    host_inputs_.reserve(count);
   }
 
   // Y[n, w.rows] = X[n, w.cols] * W^T + beta Y (row-major; X in the weights' dtype, Y float32).
@@ -409,22 +348,11 @@ class cuda_llama {
 
   // The checks of one request against the cache it is scored with.
   void check_request(forward_request const& req, cuda_kv_cache const& cache) const {
-    req.validate(vocab_size(), max_context_);
+    req.validate(vocab_size(), max_context_, static_cast<std::size_t>(config_.n_layers));
     std::size_t const n = req.tokens.size();
     std::size_t const start = cache.size();
     SPECDEC_CHECK(n <= cache.capacity() - start, context_overflow, "cuda_llama::forward: ", n,
                   " tokens do not fit in a cache holding ", start, " of ", cache.capacity());
-    for (std::int32_t layer : req.skip_layers)
-      SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
-                    "cuda_llama::forward: skip layer ", layer, " of a model with ",
-                    config_.n_layers, " layers");
-    SPECDEC_CHECK(req.hidden_layer < config_.n_layers, out_of_range,
-                  "cuda_llama::forward: hidden_layer ", req.hidden_layer, " of a model with ",
-                  config_.n_layers, " layers");
-    for (std::int32_t layer : req.hidden_layers)
-      SPECDEC_CHECK(layer >= 0 && layer < config_.n_layers, out_of_range,
-                    "cuda_llama::forward: hidden layer ", layer, " of a model with ",
-                    config_.n_layers, " layers");
     std::size_t const words = req.mask.empty() ? 0 : req.mask_stride;
     SPECDEC_CHECK(words <= static_cast<std::size_t>(INT32_MAX) / (2 * n), out_of_range,
                   "cuda_llama::forward: mask stride ", words, " is too large");
@@ -494,20 +422,13 @@ class cuda_llama {
       for (std::size_t j = 0; j < s; ++j)
         SPECDEC_CHECK(segments[j].cache != c, invalid_argument, "cuda_llama::forward: segments ", j,
                       " and ", s, " score the same cache");
-      if (count == 1) {
+      try {
         check_request(req, *c);
-      } else {
-        try {
-          check_request(req, *c);
-        } catch (error const& e) {
-          throw detail::with_context(e, detail::concat("segment ", s, ": "));
-        }
+      } catch (error const& e) {
+        if (count == 1) throw;
+        throw detail::with_context(e, detail::concat("segment ", s, ": "));
       }
-      SPECDEC_CHECK(req.want_hidden == first.want_hidden &&
-                        req.hidden_layer == first.hidden_layer &&
-                        std::ranges::equal(req.hidden_layers, first.hidden_layers) &&
-                        std::ranges::equal(req.skip_layers, first.skip_layers),
-                    invalid_argument, "cuda_llama::forward: segment ", s,
+      SPECDEC_CHECK(req.same_outputs(first), invalid_argument, "cuda_llama::forward: segment ", s,
                     " asks for other hidden rows or skipped layers than segment 0 (they apply to "
                     "the whole batch)");
     }
@@ -544,7 +465,7 @@ class cuda_llama {
 
     // The host staging may still feed the previous forward's copy.
     SPECDEC_CUDA_CHECK(cudaEventSynchronize(inputs_free_));
-    std::int32_t* const host = host_inputs_;
+    std::int32_t* const host = host_inputs_.data();
     std::int32_t* const meta = host + meta_at;
     host[0] = 0;
     std::size_t row = 0, logits_row = 0, mask_at = 0;
@@ -610,7 +531,7 @@ class cuda_llama {
   // into the pinned staging buffer.
   staged_inputs stage(forward_request const& req, cuda_kv_cache& cache, std::size_t n,
                       std::size_t rows, std::size_t words, std::size_t attention_keys) {
-    std::int32_t* host = host_inputs_;
+    std::int32_t* host = host_inputs_.data();
     host[0] = static_cast<std::int32_t>(cache.size());
     std::copy(req.tokens.begin(), req.tokens.end(), host + 1);
     std::copy(req.positions.begin(), req.positions.end(), host + 1 + n);
@@ -641,7 +562,7 @@ class cuda_llama {
   // upload of the staged inputs, then the fused or the reference launches.
   void enqueue(forward_request const& req, std::size_t n, std::size_t rows, staged_inputs const& in,
                bool fused) {
-    SPECDEC_CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), host_inputs_,
+    SPECDEC_CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), host_inputs_.data(),
                                        in.words * sizeof(std::int32_t), cudaMemcpyHostToDevice,
                                        stream_));
     cuda::detail::with_dtype(weights_->dtype(), [&]<class W>(W) {
@@ -796,7 +717,7 @@ class cuda_llama {
   void attention(std::int32_t layer, std::size_t n, staged_inputs const& in, T* out) {
     cuda::detail::attention_kernel<T>
         <<<dim3(static_cast<unsigned>(config_.n_heads), static_cast<unsigned>(n)),
-           attention_threads, attention_smem(in.attention_keys), stream_>>>(
+           cuda::detail::attention_threads, attention_smem(in.attention_keys), stream_>>>(
             qkv_.data(), config_.dim + 2 * config_.kv_dim(), in.cache->keys(layer),
             in.cache->values(layer), in.start, static_cast<std::int32_t>(n), -1, in.mask,
             static_cast<std::int32_t>(in.mask_stride), out, config_.dim, config_.kv_dim(),
@@ -821,7 +742,7 @@ class cuda_llama {
     cuda::detail::segment_kv_append_kernel<<<ni, cuda::detail::block_threads, 0, stream_>>>(
         qkv_.data(), qkv_stride, config_.dim, config_.kv_dim(), in.segments, layer);
     cuda::detail::segment_attention_kernel<T>
-        <<<dim3(static_cast<unsigned>(config_.n_heads), ni), attention_threads,
+        <<<dim3(static_cast<unsigned>(config_.n_heads), ni), cuda::detail::attention_threads,
            attention_smem(in.attention_keys), stream_>>>(
             qkv_.data(), qkv_stride, in.segments, layer, out, config_.dim, config_.kv_dim(),
             config_.head_size(), config_.n_heads / config_.n_kv_heads);
@@ -841,10 +762,8 @@ class cuda_llama {
   void destroy() noexcept {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     graphs_.clear();
-    if (host_inputs_ != nullptr) cudaFreeHost(host_inputs_);
-    host_inputs_ = nullptr;
-    if (host_outputs_ != nullptr) cudaFreeHost(host_outputs_);
-    host_outputs_ = nullptr;
+    host_inputs_.release();
+    host_outputs_.release();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     cublas_ = nullptr;
     if (inputs_free_ != nullptr) cudaEventDestroy(inputs_free_);
@@ -856,8 +775,6 @@ class cuda_llama {
     }
     stream_ = nullptr;
   }
-
-  static constexpr unsigned attention_threads = 256;
 
   llama_config config_;
   cuda_llama_options options_;
@@ -875,10 +792,8 @@ class cuda_llama {
   // Inputs of the products (float32, or the weights' dtype on the reference path).
   cuda::device_buffer<std::byte> xb_, att_, hb_;
   cuda::device_buffer<std::int32_t> inputs_;
-  std::int32_t* host_inputs_ = nullptr;
-  std::size_t inputs_capacity_ = 0;
-  float* host_outputs_ = nullptr;
-  std::size_t outputs_capacity_ = 0;
+  cuda::pinned_buffer<std::int32_t> host_inputs_;
+  cuda::pinned_buffer<float> host_outputs_;
 };
 
 #endif  // __CUDACC__
