@@ -18,6 +18,7 @@
 #include "model_file.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/heads.hpp"
+#include "specdec/model/heads_file.hpp"
 #include "specdec/model/heads_writer.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"

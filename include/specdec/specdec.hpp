@@ -1,16 +1,18 @@
 #pragma once
 //! \file
-//! The umbrella header: everything in specdec except backend/ and interop/.
+//! The umbrella header: everything in specdec except backend/, interop/ and the model files whose
+//! format is JSON (specdec/files.hpp).
 //!
-//! It needs only the standard library, nlohmann/json (the JSON of safetensors headers, head
-//! configs and tree files) and POSIX for the memory-mapped model and datastore files: the model
-//! backends (the CPU one is kept out only to keep the umbrella light; the CUDA one needs a CUDA
-//! compiler) and the adapters for outside containers, which need xtensor, are included on their
-//! own:
+//! It needs only the standard library and POSIX (for the memory-mapped model and datastore
+//! files). The model backends (the CPU one is kept out only to keep the umbrella light; the CUDA
+//! one needs a CUDA compiler), the readers and writers of safetensors, draft-head and tree files
+//! (which need nlohmann/json: CMake target `specdec::files`) and the adapters for outside
+//! containers (which need xtensor) are included on their own:
 //!
 //! ```cpp
 //! #include <specdec/specdec.hpp>              // concepts, sampling, verify, propose, decode, ...
 //! #include <specdec/backend/cpu/llama.hpp>    // cpu_llama (standard library only)
+//! #include <specdec/files.hpp>                // safetensors, Medusa/Hydra/EAGLE files (JSON)
 //! #include <specdec/interop/xtensor.hpp>      // xtensor <-> matrix_view (xtensor)
 //! #include <specdec/interop/raw.hpp>          // C arrays -> forward_request, draft_tree, ...
 //! ```
@@ -64,21 +66,19 @@
 #include "specdec/kv/contiguous_cache.hpp"
 #include "specdec/kv/slots.hpp"
 
-// model/: model files (llama2.c, GGUF, safetensors), draft heads, tokenizers, random models of any
-// shape, models widened to a larger shape.
+// model/: model files (llama2.c, GGUF), draft heads, tokenizers, random models of any shape,
+// models widened to a larger shape (the JSON formats: specdec/files.hpp).
 #include "specdec/model/binary_io.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/half.hpp"
 #include "specdec/model/heads.hpp"
-#include "specdec/model/heads_writer.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/random.hpp"
-#include "specdec/model/safetensors.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/model/weight_storage.hpp"
 #include "specdec/model/widen.hpp"

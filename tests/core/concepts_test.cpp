@@ -6,6 +6,16 @@
 
 #include <vector>
 
+#include "specdec/backend/cpu/eagle.hpp"
+#include "specdec/backend/cpu/heads.hpp"
+#include "specdec/backend/cpu/llama.hpp"
+#include "specdec/decode/speculation.hpp"
+#include "specdec/propose/eagle.hpp"
+#include "specdec/propose/hydra.hpp"
+#include "specdec/propose/layer_skip.hpp"
+#include "specdec/propose/medusa.hpp"
+#include "specdec/sampling/policy.hpp"
+
 namespace sd = specdec;
 
 namespace {
@@ -159,6 +169,136 @@ struct model_no_forward {
 static_assert(sd::causal_lm<good_model>);
 static_assert(!sd::causal_lm<model_bad_cache>);
 static_assert(!sd::causal_lm<model_no_forward>);
+
+// ---- batch_proposer
+struct good_batch_proposer {
+  void begin(std::size_t, std::span<sd::token_id const>) {}
+  void propose(std::span<sd::batch_propose_item>) {}
+  void accept(std::size_t, sd::verify_result const&) {}
+  void end(std::size_t) {}
+};
+struct batch_proposer_no_end {  // a finished request's state would never be freed
+  void begin(std::size_t, std::span<sd::token_id const>) {}
+  void propose(std::span<sd::batch_propose_item>) {}
+  void accept(std::size_t, sd::verify_result const&) {}
+};
+static_assert(sd::batch_proposer<good_batch_proposer>);
+static_assert(!sd::batch_proposer<batch_proposer_no_end>);
+static_assert(!sd::batch_proposer<good_proposer>);  // single-sequence signatures
+
+// ---- auxiliary_proposer
+struct good_auxiliary : good_proposer {
+  static constexpr bool has_auxiliary_tokens = true;
+  void auxiliary(sd::propose_context const&, sd::draft_tree const&, sd::auxiliary_batch&) {}
+  void observe(sd::matrix_view<float const>, sd::matrix_view<float const>,
+               sd::verify_result const&) {}
+};
+struct auxiliary_undeclared : good_proposer {  // the members without the trait
+  void auxiliary(sd::propose_context const&, sd::draft_tree const&, sd::auxiliary_batch&) {}
+  void observe(sd::matrix_view<float const>, sd::matrix_view<float const>,
+               sd::verify_result const&) {}
+};
+struct auxiliary_no_observe : good_proposer {
+  static constexpr bool has_auxiliary_tokens = true;
+  void auxiliary(sd::propose_context const&, sd::draft_tree const&, sd::auxiliary_batch&) {}
+};
+static_assert(sd::auxiliary_proposer<good_auxiliary>);
+static_assert(!sd::auxiliary_proposer<auxiliary_undeclared>);
+static_assert(!sd::auxiliary_proposer<auxiliary_no_observe>);
+
+// ---- batched_lm
+struct good_batched_model {
+  good_cache caches[2];
+  std::size_t vocab_size() const { return 4; }
+  std::size_t max_context() const { return 16; }
+  std::size_t hidden_size() const { return 2; }
+  std::size_t max_slots() const { return 2; }
+  std::size_t free_slots() const { return 2; }
+  std::size_t acquire_slot() { return 0; }
+  void release_slot(std::size_t) {}
+  void forward(sd::batch_forward_request const&, sd::batch_forward_result&) {}
+  good_cache& cache(std::size_t slot) { return caches[slot]; }
+};
+struct batched_model_no_release {  // slots could never be reused
+  good_cache caches[2];
+  std::size_t vocab_size() const { return 4; }
+  std::size_t max_context() const { return 16; }
+  std::size_t hidden_size() const { return 2; }
+  std::size_t max_slots() const { return 2; }
+  std::size_t free_slots() const { return 2; }
+  std::size_t acquire_slot() { return 0; }
+  void forward(sd::batch_forward_request const&, sd::batch_forward_result&) {}
+  good_cache& cache(std::size_t slot) { return caches[slot]; }
+};
+static_assert(sd::batched_lm<good_batched_model>);
+static_assert(!sd::batched_lm<batched_model_no_release>);
+static_assert(!sd::batched_lm<good_model>);  // one sequence, no slots
+
+// ---- speculation_policy
+struct good_speculation {
+  void choose(std::span<sd::speculation_request const>, std::span<std::size_t>) {}
+  void observe(sd::step_cost const&) {}
+};
+struct speculation_no_observe {
+  void choose(std::span<sd::speculation_request const>, std::span<std::size_t>) {}
+};
+static_assert(sd::speculation_policy<good_speculation>);
+static_assert(sd::speculation_policy<sd::fixed_speculation>);
+static_assert(!sd::speculation_policy<speculation_no_observe>);
+
+// ---- medusa_heads_runner, hydra_heads_runner, eagle_head_runner
+struct good_medusa_runner {
+  std::size_t num_heads() const { return 2; }
+  std::size_t hidden_size() const { return 2; }
+  std::size_t vocab_size() const { return 4; }
+  void run(std::span<float const>, sd::matrix_view<float>) {}
+};
+struct medusa_runner_no_vocab {
+  std::size_t num_heads() const { return 2; }
+  std::size_t hidden_size() const { return 2; }
+  void run(std::span<float const>, sd::matrix_view<float>) {}
+};
+struct good_hydra_runner {
+  std::size_t num_heads() const { return 2; }
+  std::size_t hidden_size() const { return 2; }
+  std::size_t vocab_size() const { return 4; }
+  void run(std::size_t, std::span<float const>, sd::matrix_view<sd::token_id const>,
+           sd::matrix_view<float>) {}
+};
+static_assert(sd::medusa_heads_runner<good_medusa_runner>);
+static_assert(!sd::medusa_heads_runner<medusa_runner_no_vocab>);
+static_assert(!sd::medusa_heads_runner<good_hydra_runner>);  // a Hydra head reads the path too
+static_assert(sd::hydra_heads_runner<good_hydra_runner>);
+static_assert(!sd::hydra_heads_runner<good_medusa_runner>);
+struct good_eagle_runner {
+  good_cache cache_;
+  std::size_t hidden_size() const { return 2; }
+  std::size_t feature_width() const { return 2; }
+  std::size_t vocab_size() const { return 4; }
+  std::size_t draft_vocab_size() const { return 4; }
+  std::span<sd::token_id const> draft_to_target() const { return {}; }
+  std::span<std::int32_t const> target_layers() const { return {}; }
+  std::size_t max_context() const { return 16; }
+  void forward(sd::eagle_batch const&, sd::matrix_view<float>) {}
+  void logits(sd::matrix_view<float const>, sd::matrix_view<float>) {}
+  good_cache& cache() { return cache_; }
+};
+struct eagle_runner_bad_cache : good_eagle_runner {  // its cache cannot roll a tree back
+  cache_no_keep_path other_;
+  cache_no_keep_path& cache() { return other_; }
+};
+static_assert(sd::eagle_head_runner<good_eagle_runner>);
+static_assert(!sd::eagle_head_runner<eagle_runner_bad_cache>);
+static_assert(sd::eagle_head_runner<sd::cpu_eagle_head>);
+static_assert(sd::medusa_heads_runner<sd::cpu_medusa_heads>);
+static_assert(sd::hydra_heads_runner<sd::cpu_hydra_heads>);
+
+// ---- model traits: what a target must declare for a proposer that drafts on it
+static_assert(sd::supports_skip_layers_v<sd::cpu_llama>);
+static_assert(!sd::supports_skip_layers_v<good_model>);
+static_assert(sd::serves_proposer_v<sd::cpu_llama, sd::layer_skip_proposer<sd::greedy>>);
+static_assert(!sd::serves_proposer_v<good_model, sd::layer_skip_proposer<sd::greedy>>);
+static_assert(sd::serves_proposer_v<good_model, good_proposer>);
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 // files and configs that must end in specdec::error or a head that runs (its own ctest,
 // model_corrupt_eagle, under the asan preset too).
 #include "specdec/model/eagle.hpp"
+#include "specdec/model/eagle_file.hpp"
 
 #include "support/doctest.hpp"
 

@@ -3,6 +3,7 @@
 // the F32 files, every loader and config error naming the tensor or the field, the tree files,
 // and a loop over corrupted files that must end in specdec::error or success, never a crash.
 #include "specdec/model/heads.hpp"
+#include "specdec/model/heads_file.hpp"
 
 #include "support/doctest.hpp"
 

@@ -21,6 +21,7 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/model/gguf_writer.hpp"
 #include "specdec/model/heads.hpp"
+#include "specdec/model/heads_file.hpp"
 #include "specdec/model/heads_writer.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/load.hpp"

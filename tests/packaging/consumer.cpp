@@ -4,6 +4,11 @@
 // No Eigen, no xtensor: the umbrella needs neither.
 #include <specdec/specdec.hpp>
 
+// The umbrella needs only the standard library (the package is found with nlohmann/json hidden).
+#if defined(NLOHMANN_JSON_VERSION_MAJOR)
+#error "specdec/specdec.hpp included nlohmann/json"
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

@@ -17,6 +17,7 @@
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/forward.hpp"
 #include "specdec/model/eagle.hpp"
+#include "specdec/model/eagle_file.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/random.hpp"
 #include "support/files.hpp"

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "specdec/model/heads.hpp"
+#include "specdec/model/heads_file.hpp"
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/propose/sparse_tree.hpp"
 #include "support/files.hpp"

@@ -25,6 +25,7 @@
 #include "generate/options.hpp"
 #include "generate/strategies.hpp"
 #include "specdec/model/heads.hpp"
+#include "specdec/model/heads_file.hpp"
 #include "specdec/model/llama2c.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"

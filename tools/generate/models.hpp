@@ -1,8 +1,8 @@
 #pragma once
 // The models specdec-generate runs: `lm`, a `causal_lm` whose backend -- the CPU (cpu_llama) or a
 // CUDA device (cuda_llama) -- is chosen at run time by --device, with the matrices' type on the
-// device chosen by --dtype. The strategies build every model they need (the target, a draft, a
-// layer-skipping copy) through `make_lm`, so each strategy runs on either device unchanged.
+// device chosen by --dtype. The strategies build every model they need (the target, a draft
+// model) through `make_lm`, so each strategy runs on either device unchanged.
 //
 // The CUDA models are built in a translation unit of their own (cuda_models.cu), compiled by nvcc
 // only when CMake enables CUDA; this header names no CUDA type. Without CUDA in the build, or

@@ -18,6 +18,7 @@
 #include "specdec/core/error.hpp"
 #include "specdec/model/binary_io.hpp"
 #include "specdec/model/heads.hpp"
+#include "specdec/model/heads_file.hpp"
 #include "specdec/model/safetensors.hpp"
 
 namespace specdec {

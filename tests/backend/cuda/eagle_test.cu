@@ -21,6 +21,7 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/model/eagle.hpp"
+#include "specdec/model/eagle_file.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/reference/eagle.hpp"
 #include "specdec/sampling/policy.hpp"
