@@ -2,7 +2,9 @@
 //! \file
 //! The chain drafting of a causal model, shared by `draft_model_proposer` (a separate draft model
 //! with its own cache) and `layer_skip_proposer` (the target itself, on its own cache through its
-//! `target_handle`): `draft_mode`, `draft_model_config` and `detail::chain_drafter`.
+//! `target_handle`): `draft_mode`, `draft_model_config`, `detail::chain_sequence` (one sequence,
+//! phase by phase; also what `batched_draft_model_proposer` drives per request) and
+//! `detail::chain_drafter`.
 //!
 //! Modes (a template parameter, so `samples_drafts` stays a compile-time trait):
 //! - `draft_mode::greedy`: d_i = policy.greedy_token(draft row, history); the drafts are
@@ -85,15 +87,151 @@ namespace detail {
   return sum > 0.0 && std::isfinite(sum) ? static_cast<float>(1.0 / sum) : 0.0f;
 }
 
-//! The drafting machinery shared by `draft_model_proposer` and `layer_skip_proposer`: a draft
-//! cache kept in step with the committed tokens, chain drafting, rollback and adaptive k. The draft
-//! model is passed to each call so that the owner may hold it by reference or by value. With
-//! `Model` = `target_handle const` the draft runs on the target's own cache (self-speculation):
-//! the committed tokens are already there, each step feeds the root and the drafts after them and
-//! drops them again before it returns.
+//! One sequence's chain drafting, phase by phase: the tokens its draft cache holds, kept in step
+//! with the committed tokens, and the step's chain and its draws. `chain_drafter` drives one with a
+//! single model (or the target's handle); `batched_draft_model_proposer` drives one per request,
+//! all of them fed by one batched forward per draft position. A phase that throws leaves the
+//! sequence to be started again by the next step (`sync` mends the draft cache).
+template <draft_mode Mode>
+class chain_sequence {
+ public:
+  //! Starts a sequence: its draft cache holds no token; room for `reserve` tokens.
+  void begin(std::size_t reserve) {
+    cached_.clear();
+    cached_.reserve(reserve);
+    committed_ = drafted_ = k_ = 0;
+  }
+
+  //! Cuts `cache` (the sequence's draft cache) and the tokens it holds back to the longest prefix
+  //! they share with `tokens`, leaving at least the root to feed (so that the next forward yields
+  //! the row after the root). O(1) when the cache is a prefix of `tokens`, as it always is between
+  //! `accept` and `start`; a cache used or reset elsewhere is emptied.
+  template <class Cache>
+  void sync(Cache& cache, std::span<token_id const> tokens) {
+    std::size_t const t = tokens.size();
+    if (cache.size() != cached_.size()) {
+      cache.truncate(0);
+      cached_.clear();
+    }
+    std::size_t const s = cached_.size();
+    if (s < t && (s == 0 || cached_[s - 1] == tokens[s - 1])) return;
+    std::size_t const limit = std::min(s, t - 1);
+    std::size_t p = 0;
+    while (p < limit && cached_[p] == tokens[p]) ++p;
+    cache.truncate(p);
+    cached_.resize(p);
+  }
+
+  //! The draft cache holds exactly `tokens` (the target's own cache, the root excluded).
+  void hold(std::span<token_id const> tokens) { cached_.assign(tokens.begin(), tokens.end()); }
+
+  //! Starts a step under ctx.tokens.back(): resets `tree` (with q rows when sampling) and sets the
+  //! chain's length to at most `want` drafts, ctx.max_nodes, the tree's room and what a draft cache
+  //! of `capacity` positions allows (feeding the root and k - 1 drafts needs positions up to
+  //! t + k - 2). Returns the tokens to feed first -- the committed tokens the draft cache lacks
+  //! (at least the root), checked against `vocab` -- or nothing when the step drafts nothing.
+  //! `who` names the proposer in messages.
+  std::span<token_id const> start(propose_context const& ctx, draft_tree& tree, std::size_t want,
+                                  std::size_t capacity, std::size_t vocab, char const* who) {
+    SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument, who, ": propose with no committed tokens");
+    tree.reset(ctx.tokens.back());
+    if constexpr (Mode == draft_mode::sample) {
+      if (tree.q_vocab() != vocab) tree.enable_q(vocab);
+    } else {
+      if (tree.has_q()) tree.enable_q(0);  // deterministic candidates carry no q rows
+    }
+    std::size_t const t = ctx.tokens.size();
+    committed_ = t;
+    drafted_ = 0;
+    parent_ = 0;
+    k_ = std::min({want, ctx.max_nodes, tree.capacity() - 1});
+    if (t > capacity) k_ = 0;
+    k_ = std::min(k_, capacity + 1 - std::min(capacity + 1, t));
+    if (k_ == 0) return {};
+    if constexpr (Mode == draft_mode::sample)
+      SPECDEC_CHECK(ctx.rng != nullptr, invalid_argument, who,
+                    ": sampling drafts needs propose_context::rng");
+    std::span<token_id const> const missing = ctx.tokens.subspan(cached_.size());
+    // Every token entering the draft cache is checked here (the drafts where they are drawn), so
+    // that the policy need not check the whole history again at every draft row.
+    for (std::size_t j = 0; j < missing.size(); ++j)
+      SPECDEC_CHECK(missing[j] >= 0 && static_cast<std::size_t>(missing[j]) < vocab, out_of_range,
+                    who, ": token ", missing[j], " at position ", cached_.size() + j,
+                    " is outside the draft's vocabulary of ", vocab);
+    return missing;
+  }
+
+  //! The tokens the draft cache holds, in order (the position of the next token fed: size()).
+  [[nodiscard]] std::span<token_id const> cached() const noexcept { return cached_; }
+  //! After a forward that fed `tokens` (at positions cached().size()...): the cache holds them.
+  void fed(std::span<token_id const> tokens) {
+    cached_.insert(cached_.end(), tokens.begin(), tokens.end());
+  }
+  //! Drops the tokens after the first n (the draft's entries on the target's own cache).
+  void drop_to(std::size_t n) { cached_.resize(std::min(n, cached_.size())); }
+
+  //! Draws the next draft from `row`, the draft's logits after the last token fed, under `policy`
+  //! (the greedy token, or a draw from its distribution with one word of ctx.rng, recorded as the
+  //! parent's q row) and adds it to `tree` -- unless the chain already has a draft and `row`'s top
+  //! probability is below `threshold` (the confidence cutoff). Returns whether the chain goes on:
+  //! `next()` is then to be fed, and its row drawn from.
+  template <class Policy>
+  bool draw(std::span<float const> row, Policy const& policy, float threshold,
+            propose_context const& ctx, draft_tree& tree, std::size_t vocab, char const* who) {
+    if (drafted_ > 0 && threshold > 0.0f && top_probability(row) < threshold) return false;
+    token_id next = no_token;
+    if constexpr (Mode == draft_mode::sample) {
+      std::span<float> const q = tree.q_row(parent_);
+      policy.distribution(row, token_history::checked(cached_), q);  // checked as they came
+      double total = 0.0;
+      std::size_t const i = draw_index(q, ctx.rng->uniform(), total);
+      SPECDEC_CHECK(i != no_index, numerical, who, ": the q row under node ", parent_, " sums to ",
+                    total, " (the policy's distribution has no positive mass)");
+      next = static_cast<token_id>(i);
+    } else {
+      next = policy.greedy_token(row, token_history::checked(cached_));
+    }
+    SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range, who,
+                  ": the policy produced token ", next, " outside the vocabulary of ", vocab);
+    parent_ = tree.add_node(parent_, next);
+    next_ = next;
+    return ++drafted_ < k_;
+  }
+  //! The draft to feed next (after `draw` returned true).
+  [[nodiscard]] token_id const& next() const noexcept { return next_; }
+
+  //! After verification: the draft cache keeps the committed tokens plus the accepted drafts
+  //! (`cache` truncated to them).
+  template <class Cache>
+  void accept(Cache& cache, verify_result const& result) {
+    std::size_t const keep = std::min(cached_.size(), committed_ + result.num_accepted());
+    if (keep < cached_.size()) {
+      cache.truncate(keep);
+      cached_.resize(keep);
+    }
+  }
+
+  //! Drafts of the last step.
+  [[nodiscard]] std::size_t drafted() const noexcept { return drafted_; }
+
+ private:
+  std::vector<token_id> cached_;  // the tokens in the draft cache, in order
+  std::size_t committed_ = 0;     // committed tokens at the step's start
+  std::size_t drafted_ = 0;       // drafts of the step
+  std::size_t k_ = 0;             // the step's chain length
+  node_index parent_ = 0;         // the last drafted node
+  token_id next_ = no_token;      // the draft to feed next
+};
+
+//! The drafting shared by `draft_model_proposer` and `layer_skip_proposer`: one `chain_sequence`
+//! fed by a single model, and the adaptive k. The draft model is passed to each call so that the
+//! owner may hold it by reference or by value. With `Model` = `target_handle const` the draft runs
+//! on the target's own cache (self-speculation): the committed tokens are already there, each step
+//! feeds the root and the drafts after them and drops them again before it returns.
 template <class Model, class Policy, draft_mode Mode>
 class chain_drafter {
   static constexpr bool on_target = std::is_same_v<std::remove_const_t<Model>, target_handle>;
+  static constexpr char const* who = "draft proposer";
 
  public:
   //! A drafter with `config` (validated), `policy`, and layers to skip in every draft forward.
@@ -105,84 +243,44 @@ class chain_drafter {
   //! Starts a sequence: empties the draft cache (the prompt is fed at the first `propose`).
   void begin(Model& model, std::span<token_id const> prompt) requires(!on_target) {
     model.cache().truncate(0);
-    start(std::min<std::size_t>(model.max_context(), prompt.size() + 4096));
+    seq_.begin(std::min<std::size_t>(model.max_context(), prompt.size() + 4096));
+    k_ = config_.k;
   }
   //! Starts a sequence on the target's cache (its prompt is there at the first `propose`).
-  void begin(std::span<token_id const> prompt) requires on_target { start(prompt.size() + 4096); }
+  void begin(std::span<token_id const> prompt) requires on_target {
+    seq_.begin(prompt.size() + 4096);
+    k_ = config_.k;
+  }
 
   //! Drafts a chain under `ctx.tokens.back()` (see the file comment).
   void propose(Model& model, propose_context const& ctx, draft_tree& tree) {
-    SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument,
-                  "draft proposer: propose with no committed tokens");
-    tree.reset(ctx.tokens.back());
-    std::size_t const t = ctx.tokens.size();
-    std::size_t const vocab = model.vocab_size();
-    committed_at_propose_ = t;
-    drafted_ = 0;
     std::size_t capacity = 0;
     if constexpr (on_target) {
-      SPECDEC_CHECK(model.committed() + 1 == t && model.size() == model.committed(), internal,
-                    "draft proposer: the target's cache holds ", model.size(), " positions and ",
-                    model.committed(), " committed, expected ", t - 1);
-      cached_.assign(ctx.tokens.begin(), ctx.tokens.end() - 1);  // what the cache holds
+      std::size_t const t = ctx.tokens.size();
+      SPECDEC_CHECK(t > 0 && model.committed() + 1 == t && model.size() == model.committed(),
+                    internal, who, ": the target's cache holds ", model.size(), " positions and ",
+                    model.committed(), " committed, expected ", t == 0 ? 0 : t - 1);
+      seq_.hold(ctx.tokens.first(t - 1));
       capacity = model.capacity();
     } else {
-      sync(model, ctx.tokens);
+      if (!ctx.tokens.empty()) seq_.sync(model.cache(), ctx.tokens);
       capacity = std::min<std::size_t>(model.max_context(), model.cache().capacity());
     }
-    // Feeding the root and k - 1 drafts needs positions up to t + k - 2.
-    std::size_t k = std::min({k_, ctx.max_nodes, tree.capacity() - 1});
-    if (t > capacity) k = 0;
-    k = std::min(k, capacity + 1 - std::min(capacity + 1, t));
-    if constexpr (Mode == draft_mode::sample) {
-      if (tree.q_vocab() != vocab) tree.enable_q(vocab);
-    } else {
-      if (tree.has_q()) tree.enable_q(0);  // deterministic candidates carry no q rows
-    }
-    if (k == 0) return;
-    if constexpr (Mode == draft_mode::sample)
-      SPECDEC_CHECK(ctx.rng != nullptr, invalid_argument,
-                    "draft proposer: sampling drafts needs propose_context::rng");
-
-    // Feed the committed tokens the cache lacks (at least the root).
-    std::size_t const have = cached_.size();
-    feed(model, ctx.tokens.subspan(have), have);
-
-    node_index parent = 0;
-    for (std::size_t i = 1; i <= k; ++i) {
-      std::span<float const> const row = fwd_.logits_view().at_row(fwd_.logits_count - 1);
-      if (i > 1 && config_.confidence_threshold > 0.0f &&
-          top_probability(row) < config_.confidence_threshold)
-        break;
-      token_id next = no_token;
-      if constexpr (Mode == draft_mode::sample) {
-        std::span<float> const q = tree.q_row(parent);
-        policy_.distribution(row, token_history::checked(cached_), q);  // `feed` checked it
-        next = draw_draft(q, ctx.rng->uniform(), parent);
-      } else {
-        next = policy_.greedy_token(row, token_history::checked(cached_));
-      }
-      SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
-                    "draft proposer: the policy produced token ", next,
-                    " outside the vocabulary of ", vocab);
-      parent = tree.add_node(parent, next);
-      ++drafted_;
-      if (i < k) feed(model, std::span<token_id const>(&next, 1), cached_.size());
-    }
+    std::size_t const vocab = model.vocab_size();
+    std::span<token_id const> const first = seq_.start(ctx, tree, k_, capacity, vocab, who);
+    if (first.empty()) return;
+    feed(model, first);
+    while (seq_.draw(last_logits(), policy_, config_.confidence_threshold, ctx, tree, vocab, who))
+      feed(model, std::span<token_id const>(&seq_.next(), 1));
     if constexpr (on_target) {  // the target's cache keeps the committed tokens only
       model.rollback();
-      cached_.resize(t - 1);
+      seq_.drop_to(ctx.tokens.size() - 1);
     }
   }
 
   //! Rolls the draft cache back to the committed tokens plus the accepted drafts, and adapts k.
   void accept(Model& model, verify_result const& result) requires(!on_target) {
-    std::size_t const keep =
-        std::min(cached_.size(), committed_at_propose_ + result.num_accepted());
-    if (keep < cached_.size()) {
-      model.cache().truncate(keep);
-      cached_.resize(keep);
-    }
+    seq_.accept(model.cache(), result);
     adapt(result);
   }
   //! Adapts k (on the target's cache, the step's commit keeps what was accepted).
@@ -195,7 +293,7 @@ class chain_drafter {
     return config_.adaptive ? config_.k_max : config_.k;
   }
   //! Number of positions in the draft cache.
-  [[nodiscard]] std::size_t cached() const noexcept { return cached_.size(); }
+  [[nodiscard]] std::size_t cached() const noexcept { return seq_.cached().size(); }
   //! [1, vocab] the draft logits of the last forward (the row after the last fed token).
   [[nodiscard]] std::span<float const> last_logits() const {
     return fwd_.logits_count == 0 ? std::span<float const>()
@@ -211,60 +309,19 @@ class chain_drafter {
  private:
   // After a step: k grows after a step whose drafts were all accepted, shrinks after a rejection.
   void adapt(verify_result const& result) {
-    if (config_.adaptive && drafted_ > 0) {
-      if (result.num_accepted() >= drafted_)
+    std::size_t const drafted = seq_.drafted();
+    if (config_.adaptive && drafted > 0) {
+      if (result.num_accepted() >= drafted)
         k_ = std::min(config_.k_max, k_ + config_.k_step_up);
       else
         k_ = std::max(config_.k_min, k_ - std::min<std::size_t>(k_, 1));
     }
   }
 
-  void start(std::size_t reserve) {
-    cached_.clear();
-    cached_.reserve(reserve);
-    committed_at_propose_ = 0;
-    k_ = config_.k;
-  }
-
-  //! Cuts the cache back to the longest prefix it shares with `tokens`, leaving at least the root
-  //! to feed (so that the next forward yields the row after the root). O(1) when the cache is a
-  //! prefix of `tokens`, as it always is between `accept` and `propose`.
-  void sync(Model& model, std::span<token_id const> tokens) {
-    std::size_t const t = tokens.size();
-    if (model.cache().size() != cached_.size()) {  // the cache was used or reset elsewhere
-      model.cache().truncate(0);
-      cached_.clear();
-    }
-    std::size_t s = cached_.size();
-    bool const consistent = s < t && (s == 0 || cached_[s - 1] == tokens[s - 1]);
-    if (consistent) return;
-    std::size_t const limit = std::min(s, t - 1);
-    std::size_t p = 0;
-    while (p < limit && cached_[p] == tokens[p]) ++p;
-    s = p;
-    model.cache().truncate(s);
-    cached_.resize(s);
-  }
-
-  //! The draft token drawn from q with uniform u by the draw rule (sampling/draw.hpp; what
-  //! `policy.sample` draws with the same word), with an error naming the draft's node.
-  static token_id draw_draft(std::span<float const> q, float u, node_index parent) {
-    double total = 0.0;
-    std::size_t const i = draw_index(q, u, total);
-    SPECDEC_CHECK(i != no_index, numerical, "draft proposer: the q row under node ", parent,
-                  " sums to ", total, " (the policy's distribution has no positive mass)");
-    return static_cast<token_id>(i);
-  }
-
-  //! Feeds `tokens` at positions start.. in one causal forward; logits for the last row only.
-  //! Every token entering `cached_` is checked against the vocabulary here, so that the policy
-  //! need not check the whole cache again at every draft row.
-  void feed(Model& model, std::span<token_id const> tokens, std::size_t start) {
-    std::size_t const vocab = model.vocab_size();
-    for (std::size_t i = 0; i < tokens.size(); ++i)
-      SPECDEC_CHECK(tokens[i] >= 0 && static_cast<std::size_t>(tokens[i]) < vocab, out_of_range,
-                    "draft proposer: token ", tokens[i], " at position ", start + i,
-                    " is outside the draft's vocabulary of ", vocab);
+  //! Feeds `tokens` at the positions after the draft cache in one causal forward; logits for the
+  //! last row only.
+  void feed(Model& model, std::span<token_id const> tokens) {
+    std::size_t const start = seq_.cached().size();
     positions_.resize(tokens.size());
     for (std::size_t i = 0; i < tokens.size(); ++i)
       positions_[i] = static_cast<position_t>(start + i);
@@ -274,18 +331,16 @@ class chain_drafter {
                               .logits_rows = std::span<std::int32_t const>(&last, 1),
                               .skip_layers = skip_};
     model.forward(req, fwd_);
-    cached_.insert(cached_.end(), tokens.begin(), tokens.end());
+    seq_.fed(tokens);
   }
 
   draft_model_config config_;
   Policy policy_;
   std::vector<std::int32_t> skip_;
   std::size_t k_;
-  std::vector<token_id> cached_;  //!< the tokens in the draft cache, in order
+  chain_sequence<Mode> seq_;
   std::vector<position_t> positions_;
   forward_result fwd_;
-  std::size_t committed_at_propose_ = 0;
-  std::size_t drafted_ = 0;
 };
 
 }  // namespace detail

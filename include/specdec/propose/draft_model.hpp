@@ -156,8 +156,7 @@ class batched_draft_model_proposer {
     if (r.active) end(slot);
     r.draft_slot = draft_->acquire_slot();
     r.active = true;
-    r.cached.clear();
-    r.cached.reserve(std::min<std::size_t>(draft_->max_context(), prompt.size() + 4096));
+    r.seq.begin(std::min<std::size_t>(draft_->max_context(), prompt.size() + 4096));
   }
 
   //! Drafts a chain for every item (see the class comment); a failure of one request (a token
@@ -165,81 +164,30 @@ class batched_draft_model_proposer {
   void propose(std::span<batch_propose_item> items) {
     std::size_t const vocab = draft_->vocab_size();
     active_.clear();
-    segments_.clear();
     for (std::size_t i = 0; i < items.size(); ++i) {
       batch_propose_item& item = items[i];
       try {
         request& r = at(item.slot);
-        propose_context const& ctx = item.ctx;
-        SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument,
-                      "batched_draft_model_proposer: propose with no committed tokens");
-        draft_tree& tree = *item.tree;
-        tree.reset(ctx.tokens.back());
-        if constexpr (Mode == draft_mode::sample) {
-          if (tree.q_vocab() != vocab) tree.enable_q(vocab);
-        } else {
-          if (tree.has_q()) tree.enable_q(0);
-        }
-        std::size_t const t = ctx.tokens.size();
-        r.committed_at_propose = t;
-        r.drafted = 0;
-        sync(r, ctx.tokens);
-        std::size_t const capacity =
-            std::min<std::size_t>(draft_->max_context(), draft_->cache(r.draft_slot).capacity());
-        std::size_t k = std::min({config_.k, ctx.max_nodes, tree.capacity() - 1});
-        if (t > capacity) k = 0;
-        k = std::min(k, capacity + 1 - std::min(capacity + 1, t));
-        r.k = k;
-        if (k == 0) continue;
-        if constexpr (Mode == draft_mode::sample)
-          SPECDEC_CHECK(ctx.rng != nullptr, invalid_argument,
-                        "batched_draft_model_proposer: sampling drafts needs propose_context::rng");
-        std::span<token_id const> const missing = ctx.tokens.subspan(r.cached.size());
-        for (std::size_t j = 0; j < missing.size(); ++j)
-          SPECDEC_CHECK(missing[j] >= 0 && static_cast<std::size_t>(missing[j]) < vocab,
-                        out_of_range, "batched_draft_model_proposer: token ", missing[j],
-                        " at position ", r.cached.size() + j,
-                        " is outside the draft's vocabulary of ", vocab);
-        r.feed = missing;
-        r.parent = 0;
-        active_.push_back(i);
+        auto& cache = draft_->cache(r.draft_slot);
+        if (!item.ctx.tokens.empty()) r.seq.sync(cache, item.ctx.tokens);
+        std::size_t const capacity = std::min<std::size_t>(draft_->max_context(), cache.capacity());
+        r.feed = r.seq.start(item.ctx, *item.tree, config_.k, capacity, vocab, who);
+        if (!r.feed.empty()) active_.push_back(i);
       } catch (...) {
         item.error = std::current_exception();
       }
     }
     // Draft position by position: feed (all active requests in one forward), then draw.
-    for (std::size_t depth = 1; !active_.empty(); ++depth) {
+    while (!active_.empty()) {
       forward(items);
       next_.clear();
       for (std::size_t s = 0; s < active_.size(); ++s) {
         batch_propose_item& item = items[active_[s]];
         request& r = requests_[item.slot];
         try {
-          std::span<float const> const row = out_.logits(s).at_row(0);
-          if (depth > 1 && config_.confidence_threshold > 0.0f &&
-              detail::top_probability(row) < config_.confidence_threshold)
-            continue;
-          token_id next = no_token;
-          if constexpr (Mode == draft_mode::sample) {
-            std::span<float> const q = item.tree->q_row(r.parent);
-            policy_.distribution(row, token_history::checked(r.cached), q);
-            double total = 0.0;
-            std::size_t const index = detail::draw_index(q, item.ctx.rng->uniform(), total);
-            SPECDEC_CHECK(index != detail::no_index, numerical,
-                          "batched_draft_model_proposer: the q row under node ", r.parent,
-                          " sums to ", total, " (the policy's distribution has no positive mass)");
-            next = static_cast<token_id>(index);
-          } else {
-            next = policy_.greedy_token(row, token_history::checked(r.cached));
-          }
-          SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
-                        "batched_draft_model_proposer: the policy produced token ", next,
-                        " outside the vocabulary of ", vocab);
-          r.parent = item.tree->add_node(r.parent, next);
-          ++r.drafted;
-          if (depth < r.k) {
-            r.next = next;
-            r.feed = std::span<token_id const>(&r.next, 1);
+          if (r.seq.draw(out_.logits(s).at_row(0), policy_, config_.confidence_threshold, item.ctx,
+                         *item.tree, vocab, who)) {
+            r.feed = std::span<token_id const>(&r.seq.next(), 1);
             next_.push_back(active_[s]);
           }
         } catch (...) {
@@ -253,12 +201,7 @@ class batched_draft_model_proposer {
   //! Rolls the request's draft cache back to its committed tokens plus its accepted drafts.
   void accept(std::size_t slot, verify_result const& result) {
     request& r = at(slot);
-    std::size_t const keep =
-        std::min(r.cached.size(), r.committed_at_propose + result.num_accepted());
-    if (keep < r.cached.size()) {
-      draft_->cache(r.draft_slot).truncate(keep);
-      r.cached.resize(keep);
-    }
+    r.seq.accept(draft_->cache(r.draft_slot), result);
   }
 
   //! The request in `slot` left: its draft slot is released.
@@ -266,7 +209,7 @@ class batched_draft_model_proposer {
     if (slot >= requests_.size() || !requests_[slot].active) return;
     request& r = requests_[slot];
     r.active = false;
-    r.cached.clear();
+    r.seq.begin(0);
     draft_->release_slot(r.draft_slot);
   }
 
@@ -280,19 +223,16 @@ class batched_draft_model_proposer {
   [[nodiscard]] std::size_t cached_positions(std::size_t slot) const {
     SPECDEC_CHECK(slot < requests_.size() && requests_[slot].active, invalid_argument,
                   "batched_draft_model_proposer: no request in slot ", slot);
-    return requests_[slot].cached.size();
+    return requests_[slot].seq.cached().size();
   }
 
  private:
+  static constexpr char const* who = "batched_draft_model_proposer";
+
   struct request {
     bool active = false;
     std::size_t draft_slot = 0;
-    std::vector<token_id> cached;  // the tokens in its draft cache, in order
-    std::size_t committed_at_propose = 0;
-    std::size_t k = 0;                  // this step's chain length
-    std::size_t drafted = 0;            // drafted this step
-    node_index parent = 0;              // the last drafted node
-    token_id next = no_token;           // the draft token to feed next
+    detail::chain_sequence<Mode> seq;   // its draft cache and its chain
     std::span<token_id const> feed;     // what the next forward feeds
     std::vector<position_t> positions;  // of `feed`
   };
@@ -301,24 +241,6 @@ class batched_draft_model_proposer {
     SPECDEC_CHECK(slot < requests_.size() && requests_[slot].active, invalid_argument,
                   "batched_draft_model_proposer: no request in slot ", slot);
     return requests_[slot];
-  }
-
-  //! Cuts the request's cache back to the longest prefix it shares with `tokens`, leaving at
-  //! least the root to feed (as `draft_model_proposer` does).
-  void sync(request& r, std::span<token_id const> tokens) {
-    auto& cache = draft_->cache(r.draft_slot);
-    std::size_t const t = tokens.size();
-    if (cache.size() != r.cached.size()) {  // the cache was used or reset elsewhere
-      cache.truncate(0);
-      r.cached.clear();
-    }
-    std::size_t s = r.cached.size();
-    if (s < t && (s == 0 || r.cached[s - 1] == tokens[s - 1])) return;
-    std::size_t const limit = std::min(s, t - 1);
-    std::size_t p = 0;
-    while (p < limit && r.cached[p] == tokens[p]) ++p;
-    cache.truncate(p);
-    r.cached.resize(p);
   }
 
   //! One draft forward: every active request's `feed` at the positions after its cache, logits
@@ -334,9 +256,10 @@ class batched_draft_model_proposer {
     segments_.clear();
     for (std::size_t const i : active_) {
       request& r = requests_[items[i].slot];
+      std::size_t const start = r.seq.cached().size();
       r.positions.resize(r.feed.size());
       for (std::size_t j = 0; j < r.feed.size(); ++j)
-        r.positions[j] = static_cast<position_t>(r.cached.size() + j);
+        r.positions[j] = static_cast<position_t>(start + j);
       segments_.push_back({.slot = r.draft_slot,
                            .request = {.tokens = r.feed,
                                        .positions = r.positions,
@@ -346,7 +269,7 @@ class batched_draft_model_proposer {
     draft_->forward({.segments = segments_}, out_);
     for (std::size_t const i : active_) {
       request& r = requests_[items[i].slot];
-      r.cached.insert(r.cached.end(), r.feed.begin(), r.feed.end());
+      r.seq.fed(r.feed);
     }
   }
 

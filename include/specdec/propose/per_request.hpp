@@ -37,19 +37,12 @@ namespace specdec {
 //! One `Proposer` per request (see the file comment). Its capabilities are `Proposer`'s.
 //! \tparam Proposer a `proposer`.
 template <proposer Proposer>
-class per_request_proposer {
+class per_request_proposer : public proposer_traits<Proposer> {  // its capabilities are Proposer's
   static constexpr bool has_max_nodes = requires(Proposer const& p) {
     { p.max_nodes() } -> std::convertible_to<std::size_t>;
   };
 
  public:
-  static constexpr bool produces_trees = produces_trees_v<Proposer>;              //!< as Proposer
-  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;              //!< as Proposer
-  static constexpr bool needs_target_hidden = needs_target_hidden_v<Proposer>;    //!< as Proposer
-  static constexpr bool has_auxiliary_tokens = has_auxiliary_tokens_v<Proposer>;  //!< as Proposer
-  static constexpr bool uses_target = uses_target_v<Proposer>;                    //!< as Proposer
-  static constexpr bool skips_target_layers = skips_target_layers_v<Proposer>;    //!< as Proposer
-
   //! Makes the proposer of a request from its prompt.
   using factory = std::function<Proposer(std::span<token_id const> prompt)>;
 
@@ -66,7 +59,7 @@ class per_request_proposer {
       make_ = std::move(make);
     else
       make_ = [m = std::move(make)](std::span<token_id const>) mutable { return m(); };
-    if constexpr (has_max_nodes || needs_target_hidden) {
+    if constexpr (has_max_nodes || needs_target_hidden_v<Proposer>) {
       Proposer const probe = make_({});
       if constexpr (has_max_nodes) max_nodes_ = probe.max_nodes();
       std::span<std::int32_t const> const layers = specdec::target_hidden_layers(probe);
@@ -94,13 +87,13 @@ class per_request_proposer {
 
   //! The request in `slot`'s proposer appends its auxiliary tokens (`auxiliary_proposer`).
   void auxiliary(std::size_t slot, propose_context const& ctx, draft_tree const& tree,
-                 auxiliary_batch& aux) requires has_auxiliary_tokens {
+                 auxiliary_batch& aux) requires has_auxiliary_tokens_v<Proposer> {
     at(slot).auxiliary(ctx, tree, aux);
   }
   //! The request in `slot`'s proposer observes its step's rows (`auxiliary_proposer`).
   void observe(std::size_t slot, matrix_view<float const> tree_logits,
                matrix_view<float const> aux_logits,
-               verify_result const& result) requires has_auxiliary_tokens {
+               verify_result const& result) requires has_auxiliary_tokens_v<Proposer> {
     at(slot).observe(tree_logits, aux_logits, result);
   }
 
@@ -111,7 +104,7 @@ class per_request_proposer {
   //! `target_hidden_layers()`, read from a proposer made at construction; empty: the final hidden
   //! state).
   [[nodiscard]] std::span<std::int32_t const> target_hidden_layers() const noexcept requires
-      needs_target_hidden {
+      needs_target_hidden_v<Proposer> {
     return layers_;
   }
 
@@ -145,15 +138,8 @@ class per_request_proposer {
 //! \tparam Runner   the runner type (e.g. `cpu_eagle_head`).
 //! \tparam Proposer a `proposer` made from a `Runner&` (e.g. `eagle_proposer<cpu_eagle_head>`).
 template <class Runner, proposer Proposer>
-class owning_proposer {
+class owning_proposer : public proposer_traits<Proposer> {  // its capabilities are Proposer's
  public:
-  static constexpr bool produces_trees = produces_trees_v<Proposer>;              //!< as Proposer
-  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;              //!< as Proposer
-  static constexpr bool needs_target_hidden = needs_target_hidden_v<Proposer>;    //!< as Proposer
-  static constexpr bool has_auxiliary_tokens = has_auxiliary_tokens_v<Proposer>;  //!< as Proposer
-  static constexpr bool uses_target = uses_target_v<Proposer>;                    //!< as Proposer
-  static constexpr bool skips_target_layers = skips_target_layers_v<Proposer>;    //!< as Proposer
-
   //! Owns `runner` (not null) and the proposer `make(*runner)`. Throws `errc::invalid_argument`
   //! for a null runner.
   template <class Make>
@@ -168,12 +154,12 @@ class owning_proposer {
   void accept(verify_result const& result) { proposer_.accept(result); }  //!< as Proposer
   //! As Proposer (auxiliary proposers).
   void auxiliary(propose_context const& ctx, draft_tree const& tree,
-                 auxiliary_batch& aux) requires has_auxiliary_tokens {
+                 auxiliary_batch& aux) requires has_auxiliary_tokens_v<Proposer> {
     proposer_.auxiliary(ctx, tree, aux);
   }
   //! As Proposer (auxiliary proposers).
   void observe(matrix_view<float const> tree_logits, matrix_view<float const> aux_logits,
-               verify_result const& result) requires has_auxiliary_tokens {
+               verify_result const& result) requires has_auxiliary_tokens_v<Proposer> {
     proposer_.observe(tree_logits, aux_logits, result);
   }
   //! As Proposer, when it declares one.

@@ -40,108 +40,42 @@ struct cuda_batched_llama_options {
 
 #if defined(__CUDACC__)
 
-//! A Llama model on one CUDA device scoring many sequences per forward (see the file comment).
-class cuda_batched_llama {
- public:
-  //! Its forward honours `forward_request::skip_layers` (self-speculation).
-  static constexpr bool supports_skip_layers = true;
+//! What `slotted_model` needs to know of the CUDA backend: a slot is a device KV cache.
+struct cuda_slots {
+  using model_type = cuda_llama;                         //!< the model
+  using sequence_type = std::unique_ptr<cuda_kv_cache>;  //!< a slot's device KV cache
+  using segment_type = cuda_llama_segment;               //!< what its forward over segments takes
+  static constexpr char const* name = "cuda_batched_llama";  //!< for messages
+  //! Whether the slot's cache was made.
+  static bool made(sequence_type const& s) noexcept { return s != nullptr; }
+  //! A new cache (`errc::out_of_memory` when the device cannot hold it).
+  static sequence_type make(model_type const& m) { return m.make_cache(); }
+  static cuda_kv_cache& cache(sequence_type& s) noexcept { return *s; }              //!< its cache
+  static cuda_kv_cache const& cache(sequence_type const& s) noexcept { return *s; }  //!< its cache
+  //! The segment scoring `req` against `s`.
+  static segment_type segment(sequence_type& s, forward_request const& req) {
+    return {s.get(), req};
+  }
+};
 
+//! A Llama model on one CUDA device scoring many sequences per forward (see the file comment):
+//! the forward copies the logits (and hidden rows) to the host and waits for the device.
+class cuda_batched_llama : public slotted_model<cuda_slots> {
+ public:
   //! Uploads `weights` to the device (they may be released afterwards). Throws as `cuda_llama`
   //! does, and `errc::invalid_argument` for max_slots outside [1, 2^20].
   explicit cuda_batched_llama(llama_weights const& weights, cuda_batched_llama_options options = {})
-      : model_(weights, options.model), slots_(options.max_slots) {
-    caches_.resize(options.max_slots);
-    segments_.reserve(std::min<std::size_t>(options.max_slots, 256));
-  }
+      : slotted_model(options.max_slots, weights, options.model) {}
   //! Uploads `*weights` (which may be released afterwards).
   explicit cuda_batched_llama(std::shared_ptr<llama_weights const> const& weights,
                               cuda_batched_llama_options options = {})
       : cuda_batched_llama(deref(weights), options) {}
-
-  //! Vocabulary size.
-  [[nodiscard]] std::size_t vocab_size() const noexcept { return model_.vocab_size(); }
-  //! Positions each slot's cache holds.
-  [[nodiscard]] std::size_t max_context() const noexcept { return model_.max_context(); }
-  //! Width of the hidden states.
-  [[nodiscard]] std::size_t hidden_size() const noexcept { return model_.hidden_size(); }
-  //! Most sequences held at once.
-  [[nodiscard]] std::size_t max_slots() const noexcept { return slots_.size(); }
-  //! Slots not in use.
-  [[nodiscard]] std::size_t free_slots() const noexcept { return slots_.free(); }
-  //! Whether `slot` is in use.
-  [[nodiscard]] bool in_use(std::size_t slot) const noexcept { return slots_.in_use(slot); }
-
-  //! A free slot with an empty cache, now in use (its cache is made on first use: throws
-  //! `errc::out_of_memory` when the device cannot hold it, leaving the slot free). Throws
-  //! `errc::context_overflow` when every slot is in use.
-  std::size_t acquire_slot() {
-    std::size_t const slot = slots_.acquire("cuda_batched_llama");
-    if (caches_[slot] == nullptr) {
-      try {
-        caches_[slot] = model_.make_cache();
-      } catch (...) {
-        slots_.release(slot, "cuda_batched_llama");
-        throw;
-      }
-    }
-    caches_[slot]->clear();
-    return slot;
-  }
-
-  //! Frees `slot` for reuse, keeping its cache. Throws `errc::invalid_argument` for a slot not in
-  //! use.
-  void release_slot(std::size_t slot) {
-    slots_.release(slot, "cuda_batched_llama::release_slot");
-    caches_[slot]->clear();
-  }
-
-  //! The device KV cache of `slot`. Throws `errc::invalid_argument` for a slot not in use.
-  [[nodiscard]] cuda_kv_cache& cache(std::size_t slot) {
-    slots_.check(slot, "cuda_batched_llama::cache");
-    return *caches_[slot];
-  }
-  //! The device KV cache of `slot`, read-only.
-  [[nodiscard]] cuda_kv_cache const& cache(std::size_t slot) const {
-    slots_.check(slot, "cuda_batched_llama::cache");
-    return *caches_[slot];
-  }
-
-  //! Scores every segment of `req` against its slot's cache in one pass over the weights, appends
-  //! each segment's KV entries to its slot's cache, and copies the logits (and hidden rows) to
-  //! `out` on the host (see `batched_lm`); waits for the device. Throws `specdec::error`, leaving
-  //! every cache unchanged, for a malformed request (`batch_forward_request::validate`: no segment,
-  //! a slot out of range or given twice, a malformed segment), a slot not in use
-  //! (`errc::invalid_argument`), or a segment its cache cannot take (`errc::context_overflow`,
-  //! "segment s: ...").
-  void forward(batch_forward_request const& req, batch_forward_result& out) {
-    req.validate(vocab_size(), max_context(), max_slots());
-    segments_.clear();
-    for (std::size_t s = 0; s < req.segments.size(); ++s) {
-      batch_segment const& seg = req.segments[s];
-      SPECDEC_CHECK(slots_.in_use(seg.slot), invalid_argument,
-                    "cuda_batched_llama::forward: ", "segment ", s, " names slot ", seg.slot,
-                    ", which is not in use");
-      segments_.push_back({caches_[seg.slot].get(), req.request(s)});
-    }
-    model_.forward(std::span<cuda_llama_segment const>(segments_), out.rows);
-    out.set_offsets(req);
-  }
-
-  //! The underlying model (its own single-sequence cache is separate from the slots').
-  [[nodiscard]] cuda_llama& model() noexcept { return model_; }
-  //! The underlying model, read-only.
-  [[nodiscard]] cuda_llama const& model() const noexcept { return model_; }
 
  private:
   static llama_weights const& deref(std::shared_ptr<llama_weights const> const& w) {
     SPECDEC_CHECK(w != nullptr, invalid_argument, "cuda_batched_llama: null weights");
     return *w;
   }
-
-  cuda_llama model_;
-  slot_allocator slots_;
-  std::vector<std::unique_ptr<cuda_kv_cache>> caches_;  // [max_slots], made on first use
-  std::vector<cuda_llama_segment> segments_;            // the forward in progress
 };
 
 #endif  // __CUDACC__
