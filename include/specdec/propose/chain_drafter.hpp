@@ -122,8 +122,16 @@ class chain_sequence {
     cached_.resize(p);
   }
 
-  //! The draft cache holds exactly `tokens` (the target's own cache, the root excluded).
-  void hold(std::span<token_id const> tokens) { cached_.assign(tokens.begin(), tokens.end()); }
+  //! The draft cache holds exactly `tokens` (the target's own cache, the root excluded): the
+  //! tokens committed since the last step are appended (a history that does not extend the one
+  //! held is copied whole).
+  void hold(std::span<token_id const> tokens) {
+    std::size_t const s = cached_.size();
+    if (s <= tokens.size() && (s == 0 || cached_[s - 1] == tokens[s - 1]))
+      cached_.insert(cached_.end(), tokens.begin() + static_cast<std::ptrdiff_t>(s), tokens.end());
+    else
+      cached_.assign(tokens.begin(), tokens.end());
+  }
 
   //! Starts a step under ctx.tokens.back(): resets `tree` (with q rows when sampling) and sets the
   //! chain's length to at most `want` drafts, ctx.max_nodes, the tree's room and what a draft cache

@@ -267,12 +267,7 @@ class cpu_llama {
           throw detail::with_context(e, detail::concat("segment ", s, ": "));
         }
       }
-      SPECDEC_CHECK(req.want_hidden == first.want_hidden &&
-                        req.hidden_layer == first.hidden_layer &&
-                        std::ranges::equal(req.hidden_layers, first.hidden_layers) &&
-                        std::equal(req.skip_layers.begin(), req.skip_layers.end(),
-                                   first.skip_layers.begin(), first.skip_layers.end()),
-                    invalid_argument, "cpu_llama::forward: segment ", s,
+      SPECDEC_CHECK(req.same_outputs(first), invalid_argument, "cpu_llama::forward: segment ", s,
                     " asks for other hidden rows or skipped layers than segment 0 (they apply to "
                     "the whole batch)");
       n += req.tokens.size();
