@@ -67,6 +67,39 @@ static_assert(!sd::sampling_policy<policy_mutating_distribution>);
 static_assert(!sd::sampling_policy<policy_no_greedy_token>);
 static_assert(!sd::sampling_policy<int>);
 
+// ---- incremental_policy
+struct good_incremental : good_policy {
+  using good_policy::distribution;
+  using good_policy::greedy_token;
+  using state_type = int;
+  int begin(sd::token_history) const { return 0; }
+  void advance(int&, sd::token_id) const {}
+  void distribution(std::span<float const>, int const&, std::span<float>) const {}
+  sd::token_id greedy_token(std::span<float const>, int const&) const { return 0; }
+};
+struct incremental_no_advance : good_policy {  // a state that cannot move forward
+  using good_policy::distribution;
+  using good_policy::greedy_token;
+  using state_type = int;
+  int begin(sd::token_history) const { return 0; }
+  void distribution(std::span<float const>, int const&, std::span<float>) const {}
+  sd::token_id greedy_token(std::span<float const>, int const&) const { return 0; }
+};
+struct incremental_no_state_rows : good_policy {  // has a state but scores only histories
+  using state_type = int;
+  int begin(sd::token_history) const { return 0; }
+  void advance(int&, sd::token_id) const {}
+};
+static_assert(sd::incremental_policy<good_incremental>);
+static_assert(!sd::incremental_policy<good_policy>);
+static_assert(!sd::incremental_policy<incremental_no_advance>);
+static_assert(!sd::incremental_policy<incremental_no_state_rows>);
+static_assert(!sd::incremental_policy<sd::sampler>);
+
+// ---- device support (core/traits.hpp): opt-in
+static_assert(sd::device_supported_v<sd::sampler> && sd::device_supported_v<sd::greedy>);
+static_assert(!sd::device_supported_v<good_policy> && !sd::device_supported_v<good_incremental>);
+
 // ---- verifier
 struct good_verifier {
   template <class Policy>
@@ -299,6 +332,20 @@ static_assert(!sd::supports_skip_layers_v<good_model>);
 static_assert(sd::serves_proposer_v<sd::cpu_llama, sd::layer_skip_proposer<sd::greedy>>);
 static_assert(!sd::serves_proposer_v<good_model, sd::layer_skip_proposer<sd::greedy>>);
 static_assert(sd::serves_proposer_v<good_model, good_proposer>);
+struct kv_viewing_proposer : good_proposer {  // drafts over a view of the target's cache
+  static constexpr bool uses_target = true;
+  static constexpr bool views_target_kv = true;
+};
+struct kv_viewing_model : good_model {
+  static constexpr bool supports_kv_view = true;
+};
+static_assert(sd::supports_kv_view_v<sd::cpu_llama>);
+static_assert(!sd::supports_kv_view_v<good_model>);
+static_assert(sd::supports_kv_view_v<kv_viewing_model>);
+static_assert(sd::serves_proposer_v<kv_viewing_model, kv_viewing_proposer>);
+static_assert(sd::serves_proposer_v<sd::cpu_llama, kv_viewing_proposer>);
+static_assert(!sd::serves_proposer_v<good_model, kv_viewing_proposer>);
+static_assert(!sd::serves_proposer_v<kv_viewing_model, sd::layer_skip_proposer<sd::greedy>>);
 
 }  // namespace
 

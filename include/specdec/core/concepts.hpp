@@ -1,10 +1,11 @@
 #pragma once
 //! \file
 //! The five concepts through which the pieces of specdec plug together: `sampling_policy`,
-//! `verifier`, `proposer`, `kv_cache` and `causal_lm` (and `auxiliary_proposer`, a proposer that
-//! scores tokens beside its tree; `batched_lm`, a model that scores many sequences in one forward,
-//! for serving). Each requirement is listed with the reason it exists. The
-//! compile-time capabilities of proposers and verifiers are in core/traits.hpp.
+//! `verifier`, `proposer`, `kv_cache` and `causal_lm` (and `incremental_policy`, a policy with a
+//! state advanced token by token; `auxiliary_proposer`, a proposer that scores tokens beside its
+//! tree; `batched_lm`, a model that scores many sequences in one forward, for serving). Each
+//! requirement is listed with the reason it exists. The compile-time capabilities of proposers and
+//! verifiers are in core/traits.hpp.
 
 #include <concepts>
 #include <cstddef>
@@ -51,6 +52,33 @@ concept sampling_policy = requires(P const& p, std::span<float const> logits, to
   { p.sample(std::span<float const>(probs), rng) } -> std::same_as<token_id>;
   { p.is_greedy() } -> std::convertible_to<bool>;
   { p.greedy_token(logits, history) } -> std::same_as<token_id>;
+};
+
+//! A sampling policy with an incremental state (optional): what it needs of the tokens so far,
+//! kept as a state that moves forward one token at a time, so that a stateful policy (a grammar
+//! constraint, a stop-sequence matcher) costs one step per token instead of a pass over the
+//! history. The verifiers use it when a policy has it: one `begin` per tree, from the committed
+//! history, and one `advance` per node their walk reaches (verify/detail/walk.hpp), each node's
+//! state derived from its parent's.
+//!
+//! Requirements, besides `sampling_policy`'s:
+//! - `P::state_type`, copyable: a node's state is its parent's, copied and advanced.
+//! - `p.begin(history)` returns the state after `history` (every committed token).
+//! - `p.advance(state, token)` moves `state` past `token` (a token the state disallows may throw
+//!   `specdec::error` or yield a state that allows nothing; the verifiers only advance by drafted
+//!   tokens, which the target's row may still reject).
+//! - `p.distribution(logits, state, probs)` and `p.greedy_token(logits, state)`: as the history
+//!   forms, given the state of that history. The two forms must agree exactly: the decoders call
+//!   the history forms where they sample outside a tree.
+template <class P>
+concept incremental_policy = sampling_policy<P> && std::copyable<typename P::state_type> &&
+    requires(P const& p, typename P::state_type& state, typename P::state_type const& at,
+             token_history history, token_id token, std::span<float const> logits,
+             std::span<float> probs) {
+  { p.begin(history) } -> std::same_as<typename P::state_type>;
+  p.advance(state, token);
+  p.distribution(logits, at, probs);
+  { p.greedy_token(logits, at) } -> std::same_as<token_id>;
 };
 
 //! A verifier: walks a draft tree against the target's rows and decides the accepted path and the

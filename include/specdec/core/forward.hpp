@@ -15,9 +15,95 @@
 
 namespace specdec {
 
+//! A bounded view of the cache for one forward (sparse-KV drafting, as MagicDec and TriForce
+//! draft with the target itself): the batch's tokens attend to the cache positions the view
+//! selects instead of all of them -- the first `sinks` (attention sinks), the blocks listed in
+//! `blocks` (block b is positions [b * block_size, (b + 1) * block_size)), and the last `window`
+//! -- and to the batch's own tokens as the mask says. A position selected more than once is seen
+//! once; attention runs over the selected positions in position order. Keys keep the positions
+//! they were cached at and queries use the request's positions: positions stay absolute, so a
+//! view changes what a token sees, never where anything is. The default (empty) view is the whole
+//! cache. A model honours a view only if it declares `supports_kv_view` (core/traits.hpp).
+struct kv_view {
+  std::size_t sinks = 0;                      //!< leading positions always seen
+  std::size_t window = 0;                     //!< trailing positions of the cache seen
+  std::size_t block_size = 0;                 //!< positions per block (> 0 when blocks are given)
+  std::span<std::int32_t const> blocks = {};  //!< selected blocks, strictly ascending
+
+  //! Whether the view is the whole cache (nothing selected: the default).
+  [[nodiscard]] bool empty() const noexcept { return sinks == 0 && window == 0 && blocks.empty(); }
+
+  //! The most runs of consecutive positions `for_each_run` makes (sinks, each block, window).
+  [[nodiscard]] std::size_t max_runs() const noexcept { return 2 + blocks.size(); }
+
+  //! Calls `add(first, count)` for each run of consecutive positions the view selects in a cache
+  //! of `size` positions, in ascending order, disjoint. A block that ends past the cache is cut at
+  //! the cache's end.
+  template <class Add>
+  void for_each_run(std::size_t size, Add&& add) const {
+    std::size_t covered = 0;  // positions [0, covered) are done
+    auto const put = [&](std::size_t first, std::size_t end) {
+      first = std::max(first, covered);
+      end = std::min(end, size);
+      if (first >= end) return;
+      add(first, end - first);
+      covered = end;
+    };
+    put(0, sinks);
+    std::size_t const window_first = size - std::min(window, size);
+    bool window_done = window == 0;
+    for (std::int32_t const b : blocks) {
+      std::size_t const first = static_cast<std::size_t>(b) * block_size;
+      if (!window_done && first >= window_first) {
+        put(window_first, size);
+        window_done = true;
+      }
+      put(first, first + block_size);
+    }
+    if (!window_done) put(window_first, size);
+  }
+
+  //! The number of positions the view selects in a cache of `size` positions.
+  [[nodiscard]] std::size_t rows(std::size_t size) const {
+    std::size_t total = 0;
+    for_each_run(size, [&](std::size_t, std::size_t count) { total += count; });
+    return total;
+  }
+
+  //! Throws `specdec::error` unless the view fits a model of `max_context` positions: blocks
+  //! strictly ascending, non-negative and starting inside the context, a positive block size when
+  //! blocks are given.
+  void validate(std::size_t max_context) const {
+    SPECDEC_CHECK(blocks.empty() || block_size > 0, invalid_argument, "kv_view: ", blocks.size(),
+                  " blocks of size 0");
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      SPECDEC_CHECK(blocks[i] >= 0, out_of_range, "kv_view: block ", i, " is ", blocks[i]);
+      SPECDEC_CHECK(i == 0 || blocks[i - 1] < blocks[i], invalid_argument,
+                    "kv_view: blocks must be strictly ascending (entry ", i, ": ", blocks[i - 1],
+                    " then ", blocks[i], ")");
+      SPECDEC_CHECK(
+          static_cast<std::size_t>(blocks[i]) < (max_context + block_size - 1) / block_size,
+          out_of_range, "kv_view: block ", blocks[i], " of ", block_size,
+          " positions starts outside the context of ", max_context);
+    }
+  }
+
+  //! As above, and for a cache of `size` positions: throws `errc::out_of_range` for a block that
+  //! starts at or past the cache's end (a selection made for another cache or a later step).
+  void validate(std::size_t max_context, std::size_t size) const {
+    validate(max_context);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      SPECDEC_CHECK(static_cast<std::size_t>(blocks[i]) * block_size < size, out_of_range,
+                    "kv_view: block ", blocks[i], " starts at position ",
+                    static_cast<std::size_t>(blocks[i]) * block_size, ", past the cache's ", size,
+                    " positions");
+  }
+};
+
 //! A batch of tokens for one forward pass.
 //!
-//! Every token sees every entry already in the model's cache (positions [0, cache().size())) and,
+//! Every token sees every entry already in the model's cache (positions [0, cache().size()), or
+//! those `view` selects) and,
 //! within the batch, exactly the tokens its mask row marks: bit j of row i (word j / 64 of the row,
 //! bit j % 64) lets token i attend to batch token j. A token should see itself. An empty mask
 //! means causal: token i sees batch tokens 0..i. A draft tree's ancestor mask is one such mask;
@@ -41,6 +127,8 @@ struct forward_request {
   std::span<std::int32_t const> skip_layers =
       {};  //!< layers to skip, ascending (self-speculation);
            //!< a cache must always see the same skip set
+  //! The cache positions the batch attends to (`kv_view`); the default is all of them.
+  kv_view view = {};
 
   //! Throws `specdec::error` when the request is malformed for a model of this vocabulary and
   //! context length (sizes disagree, a token or position out of range, a mask row too short).
@@ -74,6 +162,7 @@ struct forward_request {
                   "forward_request: hidden_layer and hidden_layers are both set");
     SPECDEC_CHECK(hidden_layer >= -1, out_of_range, "forward_request: hidden_layer ", hidden_layer,
                   " (-1 asks for none)");
+    view.validate(max_context);
   }
 
   //! As above, and for a model of `n_layers` layers: throws `errc::out_of_range` for a hidden

@@ -1,6 +1,7 @@
 #pragma once
 //! \file
-//! The compile-time capabilities of proposers and verifiers, read from optional
+//! The compile-time capabilities of proposers, models, sampling policies and verifiers, read from
+//! optional
 //! `static constexpr bool` members of the same names, and the pairing rule between the two
 //! (`compatible_v`) that the decoder checks with `static_assert`.
 //!
@@ -15,10 +16,20 @@
 //!   (core/target_handle.hpp); its request's prompt is then in the target's cache before its first
 //!   draft;
 //! - `skips_target_layers`: its forwards on the target skip layers (`skip_layers`): the target
-//!   must declare `supports_skip_layers`.
+//!   must declare `supports_skip_layers`;
+//! - `views_target_kv`: its forwards on the target attend to a bounded view of the target's
+//!   cache (`forward_request::view`): the target must declare `supports_kv_view`.
 //!
 //! A model may declare (an absent member means false):
-//! - `supports_skip_layers`: its forward honours `forward_request::skip_layers`.
+//! - `supports_skip_layers`: its forward honours `forward_request::skip_layers`;
+//! - `supports_kv_view`: its forward honours `forward_request::view` (`kv_view`); a model that
+//!   does not declare it must refuse a request with a view.
+//!
+//! A sampling policy may declare (an absent member means false):
+//! - `device_supported`: the CUDA backend verifies under it (`cuda::step_verifier`): it is
+//!   `greedy`, or its `params()` returns the `sampling_params` the device kernels implement, as
+//!   `sampler`'s. The device refuses, at compile time, a policy that does not declare it (a
+//!   policy of its own, a constraint), so none is silently replaced by its parameters.
 //!
 //! A verifier may declare (an absent member means the permissive default):
 //! - `greedy_only` (default false): it implements greedy verification only;
@@ -61,6 +72,8 @@ struct proposer_traits {
   static constexpr bool uses_target = SPECDEC_TRAIT_TRUE(P, uses_target);
   //! Its forwards on the target skip layers.
   static constexpr bool skips_target_layers = SPECDEC_TRAIT_TRUE(P, skips_target_layers);
+  //! Its forwards on the target attend to a view of the target's cache.
+  static constexpr bool views_target_kv = SPECDEC_TRAIT_TRUE(P, views_target_kv);
 };
 
 //! What a model's forward honours besides the core request, from its optional members (see the
@@ -69,6 +82,16 @@ template <class M>
 struct model_traits {
   //! Honours `forward_request::skip_layers`.
   static constexpr bool supports_skip_layers = SPECDEC_TRAIT_TRUE(M, supports_skip_layers);
+  //! Honours `forward_request::view`.
+  static constexpr bool supports_kv_view = SPECDEC_TRAIT_TRUE(M, supports_kv_view);
+};
+
+//! What a sampling policy allows besides the host verifiers, from its optional members (see the
+//! file comment).
+template <class P>
+struct policy_traits {
+  //! The CUDA backend's verifier honours it.
+  static constexpr bool device_supported = SPECDEC_TRAIT_TRUE(P, device_supported);
 };
 
 //! What a verifier can verify, from its optional members (see the file comment).
@@ -106,14 +129,27 @@ inline constexpr bool uses_target_v = proposer_traits<P>::uses_target;
 //! `proposer_traits<P>::skips_target_layers`.
 template <class P>
 inline constexpr bool skips_target_layers_v = proposer_traits<P>::skips_target_layers;
+//! `proposer_traits<P>::views_target_kv`.
+template <class P>
+inline constexpr bool views_target_kv_v = proposer_traits<P>::views_target_kv;
 //! `model_traits<M>::supports_skip_layers`.
 template <class M>
 inline constexpr bool supports_skip_layers_v = model_traits<M>::supports_skip_layers;
+//! `model_traits<M>::supports_kv_view`.
+template <class M>
+inline constexpr bool supports_kv_view_v = model_traits<M>::supports_kv_view;
 
 //! Whether target model M runs what proposer P asks of it through its handle: a proposer that
-//! skips layers needs a model that declares `supports_skip_layers`.
+//! skips layers needs a model that declares `supports_skip_layers`, one that views the target's
+//! cache a model that declares `supports_kv_view`.
 template <class M, class P>
-inline constexpr bool serves_proposer_v = !(skips_target_layers_v<P> && !supports_skip_layers_v<M>);
+inline constexpr bool serves_proposer_v =
+    !(skips_target_layers_v<P> && !supports_skip_layers_v<M>)&&!(views_target_kv_v<P> &&
+                                                                 !supports_kv_view_v<M>);
+
+//! `policy_traits<P>::device_supported`.
+template <class P>
+inline constexpr bool device_supported_v = policy_traits<P>::device_supported;
 
 //! `verifier_traits<V>::greedy_only`.
 template <class V>

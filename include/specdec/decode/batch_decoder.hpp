@@ -176,18 +176,7 @@ template <batched_lm Model, batch_proposer Proposer, class Verifier, sampling_po
           speculation_policy Speculation = fixed_speculation>
 requires verifier<Verifier, Policy>
 class batch_decoder {
-  static_assert(!(samples_drafts_v<Proposer> && greedy_only_v<Verifier>),
-                "batch_decoder: this proposer samples its drafts (and records q rows); a "
-                "greedy-only verifier would ignore them. Use a sampling verifier.");
-  static_assert(!(needs_draft_probs_v<Verifier> && !samples_drafts_v<Proposer>),
-                "batch_decoder: this verifier needs draft probabilities (q rows) but the "
-                "proposer drafts deterministic candidates. Use a greedy or tree verifier.");
-  static_assert(serves_proposer_v<Model, Proposer>,
-                "batch_decoder: this proposer drafts with the target's layers skipped; the target "
-                "does not declare supports_skip_layers");
-  static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
-                "batch_decoder: this proposer drafts trees but the verifier handles chains "
-                "only. Use a tree verifier.");
+  static_assert(detail::pairing_checks<Model, Proposer, Verifier>::ok);
   static_assert(
       !has_auxiliary_tokens_v<Proposer> ||
           requires(Proposer & p, std::size_t slot, propose_context const& ctx,

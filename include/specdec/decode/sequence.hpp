@@ -53,6 +53,31 @@
 
 namespace specdec {
 
+namespace detail {
+
+//! The pairings of a target, a proposer and a verifier that cannot work, refused at compile time
+//! for every driver of the step (both decoders: `static_assert(pairing_checks<...>::ok)`), as far
+//! as types can tell (`compatible_v`, `serves_proposer_v`; core/traits.hpp).
+template <class Model, class Proposer, class Verifier>
+struct pairing_checks {
+  static_assert(!(samples_drafts_v<Proposer> && greedy_only_v<Verifier>),
+                "specdec: this proposer samples its drafts (and records q rows); a greedy-only "
+                "verifier would ignore them. Use a sampling verifier.");
+  static_assert(!(needs_draft_probs_v<Verifier> && !samples_drafts_v<Proposer>),
+                "specdec: this verifier needs draft probabilities (q rows) but the proposer "
+                "drafts deterministic candidates. Use a greedy or tree verifier.");
+  static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
+                "specdec: this proposer drafts trees but the verifier handles chains only. Use a "
+                "tree verifier.");
+  static_assert(serves_proposer_v<Model, Proposer>,
+                "specdec: this proposer drafts with a variant of the target's forward (skipped "
+                "layers, a view of its cache) that the target does not declare "
+                "(supports_skip_layers, supports_kv_view; core/traits.hpp)");
+  static constexpr bool ok = true;  //!< reading it instantiates the checks
+};
+
+}  // namespace detail
+
 //! The node budget of a step (draft nodes, root excluded): the proposer's own (`max_nodes()`, the
 //! most nodes its tree can hold under its configuration) capped by config.max_draft_nodes when
 //! set; for a proposer that declares no `max_nodes()`, config.max_draft_nodes or

@@ -104,18 +104,7 @@ template <causal_lm Model, proposer Proposer, class Verifier, sampling_policy Po
           speculation_policy Speculation = fixed_speculation>
 requires verifier<Verifier, Policy>
 class speculative_decoder {
-  static_assert(!(samples_drafts_v<Proposer> && greedy_only_v<Verifier>),
-                "speculative_decoder: this proposer samples its drafts (and records q rows); a "
-                "greedy-only verifier would ignore them. Use a sampling verifier.");
-  static_assert(!(needs_draft_probs_v<Verifier> && !samples_drafts_v<Proposer>),
-                "speculative_decoder: this verifier needs draft probabilities (q rows) but the "
-                "proposer drafts deterministic candidates. Use a greedy or tree verifier.");
-  static_assert(!(produces_trees_v<Proposer> && !supports_trees_v<Verifier>),
-                "speculative_decoder: this proposer drafts trees but the verifier handles chains "
-                "only. Use a tree verifier.");
-  static_assert(serves_proposer_v<Model, Proposer>,
-                "speculative_decoder: this proposer drafts with the target's layers skipped; the "
-                "target does not declare supports_skip_layers");
+  static_assert(detail::pairing_checks<Model, Proposer, Verifier>::ok);
   static_assert(!has_auxiliary_tokens_v<Proposer> || auxiliary_proposer<Proposer>,
                 "speculative_decoder: this proposer declares has_auxiliary_tokens but lacks "
                 "auxiliary(ctx, tree, aux) or observe(tree_logits, aux_logits, result)");

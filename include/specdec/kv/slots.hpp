@@ -91,6 +91,8 @@ class slotted_model {
 
   //! Its forward honours what the model's does.
   static constexpr bool supports_skip_layers = model_traits<model_type>::supports_skip_layers;
+  //! Its forward honours what the model's does (each segment's view against its own slot).
+  static constexpr bool supports_kv_view = model_traits<model_type>::supports_kv_view;
 
   //! `max_slots` slots (in [1, 2^20]; `errc::invalid_argument` otherwise) over the model
   //! `model_type(model_args...)`.

@@ -91,6 +91,9 @@ inline void check_row_shapes(std::span<float const> logits, std::span<float> pro
 //! are per thread and stop growing after the largest row seen (no allocation after warm-up).
 class sampler {
  public:
+  //! The CUDA backend implements every parameter (core/traits.hpp).
+  static constexpr bool device_supported = true;
+
   //! A sampler with `params`, validated (see `sampling_params::validate`).
   explicit sampler(sampling_params params) : params_(std::move(params)) {
     params_.validate();
@@ -333,6 +336,9 @@ class sampler {
 //! and bad history ids.
 class greedy {
  public:
+  //! The CUDA backend implements it (core/traits.hpp).
+  static constexpr bool device_supported = true;
+
   //! Writes the one-hot row at `greedy_token(logits, history)` into `probs` ([V], same size).
   void distribution(std::span<float const> logits, token_history history,
                     std::span<float> probs) const {

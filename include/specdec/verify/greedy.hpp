@@ -62,8 +62,9 @@ class greedy_verifier : public detail::batch_entry_points<greedy_verifier> {
     detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     detail::check_history(name, tree, history);
     detail::prepare_result(tree, out);
-    history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
-    detail::greedy_walk(name, tree, target_logits, policy, history_, out);
+    detail::with_paths(policy, history, tree, history_, [&](auto& paths) {
+      detail::greedy_walk(name, tree, target_logits, policy, paths, out);
+    });
     rng.skip(tree.size());
   }
 

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -151,13 +152,15 @@ class typical_acceptance_verifier : public detail::batch_entry_points<typical_ac
     detail::check_inputs(name, tree, target_logits.rows(), target_logits.cols());
     detail::check_history(name, tree, history);
     prepare(tree, target_logits.cols(), out);
-    history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
-    if (policy.is_greedy()) {
-      walk_greedy(tree, target_logits, policy, out);
-    } else {
-      detail::policy_rows<Policy> const rows{tree, target_logits, policy, history_};
-      walk(tree, rows, rng, out);
-    }
+    detail::with_paths(policy, history, tree, history_, [&](auto& paths) {
+      if (policy.is_greedy()) {
+        walk_greedy(tree, target_logits, policy, paths, out);
+      } else {
+        detail::policy_rows<Policy, std::remove_reference_t<decltype(paths)>> const rows{
+            tree, target_logits, policy, paths};
+        walk(tree, rows, rng, out);
+      }
+    });
     rng.skip(tree.size());
   }
 
@@ -228,13 +231,13 @@ class typical_acceptance_verifier : public detail::batch_entry_points<typical_ac
     out.tokens.push_back(detail::draw_from(best_p, rng.uniform_at(0), name, best));
   }
 
-  template <class Policy>
+  template <class Policy, class Paths>
   void walk_greedy(draft_tree const& tree, matrix_view<float const> logits, Policy const& policy,
-                   verify_result& out) {
+                   Paths& paths, verify_result& out) {
     std::size_t const vocab = logits.cols();
     auto const greedy_at = [&](node_index v) {
       std::span<float const> const row = logits.row(static_cast<std::size_t>(v));
-      token_id const g = policy.greedy_token(row, history_.at(tree, v));
+      token_id const g = policy.greedy_token(row, paths.at(tree, v));
       detail::check_policy_token(g, vocab, name, v);
       SPECDEC_CHECK(std::isfinite(row[static_cast<std::size_t>(g)]), numerical, name,
                     ": the target logit of the greedy token ", g, " at node ", v, " is ",

@@ -69,15 +69,20 @@ struct row_runs {
   return t;  // unreachable for a validated request: every token sees itself
 }
 
-//! The virtual sequence of batch token t of `req` -- the cache rows [0, past), then the batch rows
-//! its mask lets it see, in batch order, at cache rows past + batch index -- as runs of
-//! consecutive cache rows into `runs` (room for the batch + 1); returns the number of runs and
-//! sets `length` to the sequence's length. Attention sums over the sequence in its order, so a
-//! token's result is the same as when the same tokens sit at consecutive positions.
+//! The virtual sequence of batch token t of `req` -- the cache rows [0, past) (those of
+//! `req.view` when it has one), then the batch rows its mask lets it see, in batch order, at cache
+//! rows past + batch index -- as runs of consecutive cache rows into `runs` (room for the batch +
+//! 1 + `req.view.max_runs()`); returns the number of runs and sets `length` to the sequence's
+//! length. Attention sums over the sequence in its order, so a token's result is the same as when
+//! the same tokens sit at consecutive positions.
 inline std::size_t virtual_sequence(std::size_t t, forward_request const& req, std::size_t past,
                                     row_run* runs, std::size_t& length) noexcept {
   row_runs seq{.runs = runs};
-  if (past > 0) seq.add(0, past);
+  if (req.view.empty()) {
+    if (past > 0) seq.add(0, past);
+  } else {
+    req.view.for_each_run(past, [&](std::size_t row, std::size_t count) { seq.add(row, count); });
+  }
   if (req.mask.empty())
     seq.add(past, t + 1);
   else

@@ -64,6 +64,8 @@ class cpu_llama {
  public:
   //! Its forward honours `forward_request::skip_layers` (self-speculation).
   static constexpr bool supports_skip_layers = true;
+  //! Its forward honours `forward_request::view` (a bounded view of the cache), per segment.
+  static constexpr bool supports_kv_view = true;
 
   //! A model over `weights` (which must outlive nothing: the model shares ownership). Throws
   //! `errc::invalid_argument` for null weights, missing tensors or bad options, and
@@ -226,8 +228,8 @@ class cpu_llama {
   //! Scores `req` against the cache, appends the batch's keys and values to it, and fills `out`
   //! (see `forward_request`, `forward_result`). Throws `specdec::error`, leaving the cache and
   //! `out` untouched, for a malformed request (`forward_request::validate`; a mask row that does
-  //! not let a token see itself; hidden layers or skip_layers outside the model's layers) and
-  //! `errc::context_overflow` when the cache cannot take the batch.
+  //! not let a token see itself; hidden layers or skip_layers outside the model's layers; a
+  //! `view` block past the cache's end) and `errc::context_overflow` when it cannot take the batch.
   void forward(forward_request const& req, forward_result& out) {
     cpu_llama_segment const one{&seq_, req};
     forward(std::span<cpu_llama_segment const>(&one, 1), out);
@@ -282,6 +284,9 @@ class cpu_llama {
         reserve(q, std::max(needed, needed > q.rows_ ? 2 * q.rows_ : 0));
     }
     if (n > batch_capacity_) grow(n);
+    for (cpu_llama_segment const& sg : segments)  // views: longer virtual sequences
+      if (kv_view const& v = sg.request.view; !v.empty())
+        sequence_room(n + 1 + v.max_runs(), v.rows(sg.sequence->cache_.size()) + n + 16);
     segs_.resize(count);
     out.vocab = vocab_;
     out.hidden_size = dim_;
@@ -335,6 +340,7 @@ class cpu_llama {
 
   void validate(forward_request const& req, contiguous_cache const& cache) const {
     req.validate(vocab_, max_context_, n_layers_);
+    req.view.validate(max_context_, cache.size());
     std::size_t const n = req.tokens.size();
     SPECDEC_CHECK(n <= cache.room(), context_overflow, "cpu_llama::forward: a batch of ", n,
                   " tokens does not fit the cache (", cache.size(), " of ", cache.capacity(),
@@ -428,13 +434,23 @@ class cpu_llama {
     gather_.resize(n * dim_);
     visible_end_.resize(n);
     row_segment_.resize(n);
-    runs_.resize(pool_->size() * (n + 1));
-    if (transposed_heads()) {
-      tail_blocks_ = (n + 31) / 16;
-      tail_.resize(pool_->size() * tail_blocks_ * 128);
-      tail_rows_.resize(pool_->size() * (n + 16));
-    }
+    sequence_room(n + 1, n + 16);
     batch_capacity_ = n;
+  }
+
+  // Grows the per-thread room of a virtual sequence to `runs` runs and, for transposed heads,
+  // `rows` rows gathered apart from the cache order (allocates; never called once large enough).
+  void sequence_room(std::size_t runs, std::size_t rows) {
+    if (runs > runs_room_) {
+      runs_room_ = runs;
+      runs_.resize(pool_->size() * runs_room_);
+    }
+    if (transposed_heads() && rows > tail_rows_room_) {
+      tail_rows_room_ = rows;
+      tail_blocks_ = (rows + 15) / 16;
+      tail_.resize(pool_->size() * tail_blocks_ * 128);
+      tail_rows_.resize(pool_->size() * tail_rows_room_);
+    }
   }
 
   // y (op)= w x for the tokens [0, n) of x (rows ldx apart; y rows ldy apart), vectors split
@@ -689,7 +705,7 @@ class cpu_llama {
     std::size_t const lcap = q.lcap_;
     std::size_t const per_kv = n_heads_ / n_kv_heads_;
     float* const scores = scores_.data() + thread * scores_per_thread_;
-    k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
+    k::row_run* const runs = runs_.data() + thread * runs_room_;
     std::size_t length = 0;
     std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length);
     bool const compacted = n_runs > 1 || runs[0].row != 0;  // the sequence is not [0, length)
@@ -699,7 +715,7 @@ class cpu_llama {
     std::size_t const from = !compacted ? blocks : runs[0].row == 0 ? runs[0].count / 16 : 0;
     float* const tail = tail_.data() + thread * tail_blocks_ * 128;
     if (from < blocks) {
-      std::size_t* const phys = tail_rows_.data() + thread * (batch_capacity_ + 16);
+      std::size_t* const phys = tail_rows_.data() + thread * tail_rows_room_;
       std::size_t vi = 0, m = 0;
       for (std::size_t r = 0; r < n_runs; ++r)
         for (std::size_t c = 0; c < runs[r].count; ++c, ++vi)
@@ -734,7 +750,7 @@ class cpu_llama {
     float const* const kc = sg.sequence->cache_.keys(l);
     float const* const vc = sg.sequence->cache_.values(l);
     float* const scores = scores_.data() + thread * scores_per_thread_;
-    k::row_run* const runs = runs_.data() + thread * (batch_capacity_ + 1);
+    k::row_run* const runs = runs_.data() + thread * runs_room_;
     std::size_t length = 0;
     std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length);
     std::size_t const h0 = group * heads_per_task_;
@@ -759,11 +775,12 @@ class cpu_llama {
   std::vector<packed_layer> packed_;              // [n_layers] or empty (weights used in place)
   detail::cpu::packed_matrix packed_classifier_;  // [vocab, dim] when packed
   std::vector<float> rope_;                       // [rows, head_size]: (cos, sin) per pair
-  std::vector<float> scores_;               // [threads, heads_per_task, lcap] attention scratch
-  std::size_t tail_blocks_ = 0;             // blocks of a gathered sequence tail per kv head
-  std::vector<float> tail_;                 // [threads, tail_blocks, 128] gathered values
-  std::vector<std::size_t> tail_rows_;      // [threads, batch + 16] cache rows of a sequence tail
-  std::vector<detail::cpu::row_run> runs_;  // [threads, batch + 1] virtual sequences
+  std::vector<float> scores_;    // [threads, heads_per_task, lcap] attention scratch
+  std::size_t tail_blocks_ = 0;  // blocks of a gathered sequence tail per kv head
+  std::size_t runs_room_ = 0, tail_rows_room_ = 0;  // per thread: room of runs_, tail_rows_
+  std::vector<float> tail_;                         // [threads, tail_blocks, 128] gathered values
+  std::vector<std::size_t> tail_rows_;      // [threads, tail_rows_room_] rows of a sequence tail
+  std::vector<detail::cpu::row_run> runs_;  // [threads, runs_room_] virtual sequences
   activations x_;                           // [batch, dim] residual stream
   activations xb_;                          // [batch, dim] normed input
   activations q_;                           // [batch, dim] queries (weights in place)

@@ -83,8 +83,7 @@ class cuda_llama {
   //! Its forward honours `forward_request::skip_layers` (self-speculation).
   static constexpr bool supports_skip_layers = true;
 
-  //! `forward(req, cuda_forward_result&)` leaves the logits on the device: the speculative
-  //! decoder uses it with a verifier that reads device rows (step_verifier.cuh).
+  //! What `forward` leaves on the device, for a verifier that reads device rows (step_verifier).
   using device_forward_result = cuda_forward_result;
 
   //! Uploads `weights` to the device; they may be released afterwards.
@@ -183,9 +182,8 @@ class cuda_llama {
                                            stream_);
   }
 
-  //! Scores `req` (see `forward_request`) and appends its KV entries; writes the logits (and
-  //! hidden rows and the requested layers' residual streams) into `out` on the host. Waits for
-  //! the device.
+  //! Scores `req` (see `forward_request`; no `view`) and appends its KV entries; writes the logits
+  //! (hidden rows, requested layers' streams) into `out` on the host. Waits for the device.
   void forward(forward_request const& req, forward_result& out) {
     std::size_t const rows = run(req, *cache_);
     copy_out(req, req.tokens.size(), rows, out);
@@ -225,8 +223,8 @@ class cuda_llama {
     out.logits = cuda::device_rows(logits_.data(), rows, vocab_size());
   }
 
-  //! Like `forward`, but leaves the logits on the device: returns a [rows, vocab] view of device
-  //! memory, valid until the next forward. Does not synchronise the stream.
+  //! Like `forward`, but returns a [rows, vocab] view of the logits left on the device (valid
+  //! until the next forward); does not synchronise the stream.
   [[nodiscard]] matrix_view<float const> forward_device(forward_request const& req) {
     std::size_t const rows = run(req, *cache_);
     return matrix_view<float const>(logits_.data(), rows, vocab_size());
@@ -349,6 +347,8 @@ class cuda_llama {
   // The checks of one request against the cache it is scored with.
   void check_request(forward_request const& req, cuda_kv_cache const& cache) const {
     req.validate(vocab_size(), max_context_, static_cast<std::size_t>(config_.n_layers));
+    SPECDEC_CHECK(req.view.empty(), invalid_argument,
+                  "cuda_llama::forward: forward_request::view is not implemented on the device");
     std::size_t const n = req.tokens.size();
     std::size_t const start = cache.size();
     SPECDEC_CHECK(n <= cache.capacity() - start, context_overflow, "cuda_llama::forward: ", n,

@@ -36,6 +36,7 @@
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/philox.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
@@ -128,6 +129,9 @@ class step_verifier {
  private:
   template <class Policy>
   device_policy const& policy_of(Policy const& policy) {
+    static_assert(device_supported_v<Policy>,
+                  "cuda::step_verifier: this sampling policy does not declare device_supported "
+                  "(core/traits.hpp); the device implements greedy and sampler's parameters");
     if constexpr (std::is_same_v<Policy, greedy>) {
       static constexpr device_policy greedy_policy{.greedy = true};
       return greedy_policy;

@@ -2,7 +2,8 @@
 //! \file
 //! The walks of the verifiers over a draft tree: the greedy walk, and the sampling walk shared by
 //! the lossless sampling verifiers (`speculative_sampling_verifier`, `tree_verifier`) with its
-//! row sources, per-node history and scratch (`sampling_verifier_core`). Internals, not API.
+//! row sources, per-node history or policy state and scratch (`sampling_verifier_core`).
+//! Internals, not API.
 //!
 //! RNG contract, shared by every verifier (greedy.hpp, speculative_sampling.hpp,
 //! tree_sampling.hpp, typical_acceptance.hpp) and by the device kernels: for a tree of n nodes, a
@@ -17,7 +18,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "specdec/core/concepts.hpp"
@@ -69,16 +72,82 @@ class path_history {
   bool copied_ = false;
 };
 
-//! Row source for the logits entry points: the policy's distribution of row `node` (history
-//! extended by the path to the node), written into `buf`.
-template <class Policy>
+//! The incremental states of a policy along the paths of one tree (`incremental_policy`): the
+//! root's is `policy.begin(committed)`, a node's is its parent's advanced by the node's token, each
+//! computed once, when the walk first asks for it. So a stateful policy (a grammar) costs one
+//! `begin` per tree and one `advance` per node the walk reaches, never a re-run of the history.
+//! The storage is kept between trees (states are copy-assigned into it), so a warm walk allocates
+//! only what copying a state allocates.
+template <incremental_policy Policy>
+class path_states {
+ public:
+  using state_type = typename Policy::state_type;
+
+  //! Starts a new tree over `committed` (every committed token, the root last).
+  void reset(Policy const& policy, token_history committed, draft_tree const& tree) {
+    policy_ = &policy;
+    committed_ = committed;
+    ready_.assign(tree.size(), 0);
+    if (states_.size() < tree.size()) states_.resize(tree.size());
+  }
+
+  //! The policy's state after `committed` and the path to `node` (root excluded, node included).
+  [[nodiscard]] state_type const& at(draft_tree const& tree, node_index node) {
+    auto const i = static_cast<std::size_t>(node);
+    if (!ready_[i]) {
+      if (node == 0) {
+        states_[0] = policy_->begin(committed_);
+      } else {
+        state_type const& parent = at(tree, tree.parent(node));
+        states_[i] = parent;
+        policy_->advance(*states_[i], tree.token(node));
+      }
+      ready_[i] = 1;
+    }
+    return *states_[i];
+  }
+
+  //! This thread's instance (verifiers are not templates of the policy; each is used by one
+  //! thread at a time, and a walk finishes before the next starts).
+  [[nodiscard]] static path_states& local() {
+    thread_local path_states states;
+    return states;
+  }
+
+ private:
+  Policy const* policy_ = nullptr;
+  token_history committed_;
+  std::vector<std::optional<state_type>> states_;
+  std::vector<char> ready_;
+};
+
+//! Runs `walk(path)` with what `policy` reads per node: its incremental states along the tree's
+//! paths (`path_states`) when it has them, else `plain`, the committed history extended by each
+//! path.
+template <class Policy, class Walk>
+void with_paths(Policy const& policy, token_history committed, draft_tree const& tree,
+                path_history& plain, Walk&& walk) {
+  if constexpr (incremental_policy<Policy>) {
+    path_states<Policy>& states = path_states<Policy>::local();
+    states.reset(policy, committed, tree);
+    walk(states);
+  } else {
+    plain.reset(committed, static_cast<std::size_t>(tree.max_depth()));
+    walk(plain);
+  }
+}
+
+//! Row source for the logits entry points: the policy's distribution of row `node` (from the
+//! history extended by the path to the node, or the policy's state there: `Paths`), written into
+//! `buf`.
+template <class Policy, class Paths>
 struct policy_rows {
   //! q rows are validated where the walk uses them (the whole tree is not re-read).
   static constexpr bool check_q = true;
   draft_tree const& tree;
   matrix_view<float const> logits;  //!< [tree.size(), vocab], row-major
   Policy const& policy;
-  path_history& history;
+  Paths& history;
 
   std::span<float const> operator()(node_index node, std::span<float> buf) const {
     policy.distribution(logits.row(static_cast<std::size_t>(node)), history.at(tree, node), buf);
@@ -100,9 +169,9 @@ struct given_rows {
 //! Greedy walk: from the root, accept the first child whose token is the policy's greedy token
 //! of the current row; the bonus is the greedy token where no child matches. One
 //! `greedy_token` call per walked row; no distribution is written.
-template <class Policy>
+template <class Policy, class Paths>
 void greedy_walk(char const* who, draft_tree const& tree, matrix_view<float const> logits,
-                 Policy const& policy, path_history& history, verify_result& out) {
+                 Policy const& policy, Paths& history, verify_result& out) {
   std::size_t const vocab = logits.cols();
   node_index node = 0;
   for (;;) {
@@ -271,13 +340,15 @@ class sampling_verifier_core {
     check_inputs(who, tree, target_logits.rows(), target_logits.cols());
     check_history(who, tree, history);
     prepare(tree, target_logits.cols(), out);
-    history_.reset(history, static_cast<std::size_t>(tree.max_depth()));
-    if (policy.is_greedy()) {
-      greedy_walk(who, tree, target_logits, policy, history_, out);
-    } else {
-      policy_rows<Policy> const rows{tree, target_logits, policy, history_};
-      sampling_walk(who, tree, rows, rng, scratch_, out);
-    }
+    with_paths(policy, history, tree, history_, [&](auto& paths) {
+      if (policy.is_greedy()) {
+        greedy_walk(who, tree, target_logits, policy, paths, out);
+      } else {
+        policy_rows<Policy, std::remove_reference_t<decltype(paths)>> const rows{
+            tree, target_logits, policy, paths};
+        sampling_walk(who, tree, rows, rng, scratch_, out);
+      }
+    });
     rng.skip(tree.size());
   }
 
