@@ -46,7 +46,8 @@ shift || true
 case "$cmd" in
   test)
     # What the tests run (specdec_test_deps: the test programs, the tools and examples they run);
-    # the benchmarks and the CUDA objects no test runs here are built by .ci/run's own step.
+    # the benchmarks, the CUDA objects no test runs here and the compilation of every header on
+    # its own (a compile check) are built by .ci/run's own step (the full dev build).
     cmake --preset dev >&2
     cmake --build --preset dev -j "$jobs" --target specdec_test_deps >&2
     ctest --preset dev -j "$jobs" "$@"

@@ -37,6 +37,7 @@
 #include "tools/process.hpp"
 
 using namespace generate_test;
+namespace sd = specdec;
 using json = nlohmann::json;
 using tools_test::model;
 using tools_test::model_file;
@@ -414,9 +415,16 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
   check_error(with({"--strategy", "prompt-lookup", "--ngram", "2", "--ngram-min", "3"}), 2,
               "--ngram-min 3 exceeds --ngram 2");
   check_error(with({"--strategy", "prompt-lookup", "--ngram", "17"}), 2, "--ngram");
-  check_error(with({"--strategy", "layer-skip", "--k-max", "8"}), 2, "--k-max needs --adaptive");
-  check_error(with({"--strategy", "layer-skip", "-k", "6", "--adaptive", "--k-max", "4"}), 2,
+  check_error(with({"--strategy", "draft", "--draft", m, "--k-max", "8"}), 2,
+              "--k-max needs --adaptive");
+  check_error(with({"--strategy", "draft", "--draft", m, "-k", "6", "--adaptive", "--k-max", "4"}),
+              2, "--k-max 4 is below -k 6");
+  check_error(with({"--strategy", "layer-skip", "--fixed-k", "--k-max", "8"}), 2,
+              "--k-max does not apply with --fixed-k");
+  check_error(with({"--strategy", "layer-skip", "-k", "6", "--k-max", "4"}), 2,
               "--k-max 4 is below -k 6");
+  check_error(with({"--strategy", "layer-skip", "--adaptive"}), 2,
+              "--adaptive applies to --strategy draft only (not layer-skip)");
   check_error(with({"--strategy", "autoregressive", "--stop", ""}), 2, "--stop");
   check_error({"--strategy", "autoregressive", "-n", "3"}, 2, "no prompt");
   check_error(with({"--strategy", "autoregressive", "--prompt-file", "x"}), 2, "not both");
@@ -555,7 +563,7 @@ TEST_CASE("generate: an option given twice is refused") {
            {{"--model", model()}, "--model"},
            {{"--strategy", "jacobi", "-k", "2", "-k", "3"}, "-k"},
            {{"--strategy", "draft", "--draft", model(), "--draft", model()}, "--draft"},
-           {{"--strategy", "layer-skip", "--adaptive", "--adaptive"}, "--adaptive"},
+           {{"--strategy", "layer-skip", "--fixed-k", "--fixed-k"}, "--fixed-k"},
            {{"--strategy", "jacobi", "--strategy", "jacobi"}, "--strategy"}}) {
     std::vector<std::string> args = once({});
     args.insert(args.end(), r.args.begin(), r.args.end());
@@ -619,12 +627,25 @@ TEST_CASE("generate: each strategy's options reach its proposer, which sets the 
   CHECK(str(jacobi.at("description")) == "Jacobi, k = 3");
   CHECK(num(stats(jacobi).at("max_tree_size")) == 3);
   CHECK(tokens_of(jacobi) == reference_continuation(40));
-  // layer-skip: an adaptive chain stays within --k-max.
-  json const adaptive = gen_json(
-      once({"--strategy", "layer-skip", "-k", "2", "--adaptive", "--k-max", "5", "-n", "60"}));
+  // layer-skip: an adaptive chain (the library's default) stays within --k-max; --fixed-k fixes
+  // it; the defaults are the library's (layer_skip_config, jacobi_config, prompt_lookup_config).
+  json const adaptive =
+      gen_json(once({"--strategy", "layer-skip", "-k", "2", "--k-max", "5", "-n", "60"}));
   CHECK(str(adaptive.at("description")).find("adaptive k from 2 in [1, 5]") != std::string::npos);
   CHECK(num(stats(adaptive).at("max_tree_size")) <= 5);
   CHECK(num(stats(adaptive).at("max_tree_size")) > 2);
+  sd::layer_skip_config const ls;
+  json const library = gen_json(once({"--strategy", "layer-skip", "-n", "8"}));
+  CHECK(str(library.at("description"))
+            .find("adaptive k from " + std::to_string(ls.draft.k) + " in [1, " +
+                  std::to_string(ls.draft.k_max) + "]") != std::string::npos);
+  json const fixed =
+      gen_json(once({"--strategy", "layer-skip", "--fixed-k", "-k", "3", "-n", "40"}));
+  CHECK(str(fixed.at("description")).find("k = 3") != std::string::npos);
+  CHECK(num(stats(fixed).at("max_tree_size")) == 3);
+  json const jacobi_default = gen_json(once({"--strategy", "jacobi", "-n", "8"}));
+  CHECK(str(jacobi_default.at("description")) ==
+        "Jacobi, k = " + std::to_string(sd::jacobi_config{}.block));
   // rest: --depth bounds the depth, --max-nodes the tree.
   json const rest = gen_json(once({"--strategy", "rest", "--datastore", stories_datastore(),
                                    "--depth", "3", "--max-nodes", "5", "-n", "48"}));

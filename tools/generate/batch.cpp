@@ -424,7 +424,7 @@ int run_batch(batch_session const& s) {
   if (s.chosen.name == "layer-skip") {
     // Each request drafts with the target's layers skipped, on its own slot.
     std::vector<std::int32_t> const layers = skip_layers_of(v, s.weights->config.n_layers);
-    sd::draft_model_config const chain = chain_config(v);
+    sd::draft_model_config const chain = layer_skip_chain(v);
     std::string const description = layer_skip_description(layers, chain) + ", per request";
     auto const with_mode = [&]<sd::draft_mode M>() {
       using proposer_type = sd::layer_skip_proposer<sd::sampler, M>;

@@ -65,6 +65,8 @@ class lm {
  public:
   //! Both backends honour `forward_request::skip_layers`.
   static constexpr bool supports_skip_layers = true;
+  //! The CPU backend honours `forward_request::view`; the CUDA backend refuses a request with one.
+  static constexpr bool supports_kv_view = true;
 
   explicit lm(std::unique_ptr<lm_backend> backend) : backend_(std::move(backend)) {
     SPECDEC_CHECK(backend_ != nullptr, internal, "lm: no backend");

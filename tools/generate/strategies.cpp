@@ -41,7 +41,7 @@ run_output run_draft(session& s) {
 
 run_output run_layer_skip(session& s) {
   std::vector<std::int32_t> const layers = skip_layers_of(s.values, s.weights->config.n_layers);
-  sd::draft_model_config const chain = chain_config(s.values);
+  sd::draft_model_config const chain = layer_skip_chain(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
     sd::layer_skip_proposer<sd::sampler, M> proposer({.skip_layers = layers, .draft = chain},
                                                      s.policy);

@@ -245,28 +245,62 @@ inline constexpr option_spec draft_context{
     .default_text = "the target's context",
     .count_lo = 1,
     .count_hi = std::uint64_t{1} << 24};
-//! draft, layer-skip, jacobi: the chain's length.
+//! draft: the chain's length (default: the library's, `draft_model_config`).
 inline constexpr option_spec chain_length{.flag = "-k",
                                           .value_name = "N",
                                           .kind = value_kind::count,
                                           .help = "tokens drafted per step, as one chain",
                                           .count_lo = 1,
                                           .count_hi = 4095,
-                                          .count_default = 4};
-//! draft, layer-skip: adaptive chain length.
+                                          .count_default = sd::draft_model_config{}.k};
+//! draft: adaptive chain length (the library's default is a fixed one).
 inline constexpr option_spec adaptive{
     .flag = "--adaptive",
     .help =
         "adapt k to acceptance (grow after a fully accepted step, shrink after a rejection), "
         "within [1, --k-max]"};
-//! draft, layer-skip: the largest adaptive chain length.
+//! draft: the largest adaptive chain length.
 inline constexpr option_spec k_max{.flag = "--k-max",
                                    .value_name = "N",
                                    .kind = value_kind::count,
                                    .help = "largest adaptive k (needs --adaptive; at least k)",
                                    .default_text = "max(8, k)",
                                    .count_lo = 1,
-                                   .count_hi = 4095};
+                                   .count_hi = 4095,
+                                   .count_default = sd::draft_model_config{}.k_max};
+//! layer-skip: the chain's starting length (default: the library's, `layer_skip_config`).
+inline constexpr option_spec layer_skip_k{
+    .flag = "-k",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "tokens drafted per step, as one chain (the starting length unless --fixed-k)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = sd::layer_skip_config{}.draft.k};
+//! layer-skip: a fixed chain length (the library's default adapts it).
+inline constexpr option_spec fixed_k{
+    .flag = "--fixed-k",
+    .help =
+        "draft exactly k tokens per step (by default k adapts to acceptance within [1, "
+        "--k-max])"};
+//! layer-skip: the largest adaptive chain length.
+inline constexpr option_spec layer_skip_k_max{
+    .flag = "--k-max",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "largest adaptive k (at least k; not with --fixed-k)",
+    .default_text = "max(8, k)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = sd::layer_skip_config{}.draft.k_max};
+//! jacobi: the block's length (default: the library's, `jacobi_config`).
+inline constexpr option_spec jacobi_block{.flag = "-k",
+                                          .value_name = "N",
+                                          .kind = value_kind::count,
+                                          .help = "guesses refined per step (the block's length)",
+                                          .count_lo = 1,
+                                          .count_hi = 4095,
+                                          .count_default = sd::jacobi_config{}.block};
 //! draft, layer-skip: the confidence cutoff.
 inline constexpr option_spec confidence{
     .flag = "--confidence",
@@ -289,7 +323,7 @@ inline constexpr option_spec lookup_depth{
     .help = "most tokens drafted per continuation (the tree's depth)",
     .count_lo = 1,
     .count_hi = 4095,
-    .count_default = 4};
+    .count_default = sd::prompt_lookup_config{}.k};
 //! prompt-lookup: continuations merged into a tree.
 inline constexpr option_spec lookup_branches{
     .flag = "--branches",
@@ -298,7 +332,7 @@ inline constexpr option_spec lookup_branches{
     .help = "most distinct continuations merged into a tree (1 = a chain)",
     .count_lo = 1,
     .count_hi = 4095,
-    .count_default = 1};
+    .count_default = sd::prompt_lookup_config{}.max_branches};
 //! prompt-lookup: the longest n-gram matched.
 inline constexpr option_spec lookup_ngram{.flag = "--ngram",
                                           .value_name = "N",
@@ -306,7 +340,7 @@ inline constexpr option_spec lookup_ngram{.flag = "--ngram",
                                           .help = "longest n-gram matched",
                                           .count_lo = 1,
                                           .count_hi = 16,
-                                          .count_default = 3};
+                                          .count_default = sd::prompt_lookup_config{}.n_max};
 //! prompt-lookup: the shortest n-gram matched.
 inline constexpr option_spec lookup_ngram_min{.flag = "--ngram-min",
                                               .value_name = "N",
@@ -314,7 +348,7 @@ inline constexpr option_spec lookup_ngram_min{.flag = "--ngram-min",
                                               .help = "shortest n-gram matched (at most --ngram)",
                                               .count_lo = 1,
                                               .count_hi = 16,
-                                              .count_default = 1};
+                                              .count_default = sd::prompt_lookup_config{}.n_min};
 //! rest: the datastore.
 inline constexpr option_spec datastore{
     .flag = "--datastore",
@@ -467,13 +501,22 @@ inline constexpr option_spec eagle_tree{
 // ---------------------------------------------------------------------------------------------
 // Checks between a strategy's options (run before any file is loaded).
 
-//! draft, layer-skip: --k-max needs --adaptive and is at least -k.
+//! draft: --k-max needs --adaptive and is at least -k.
 inline void check_chain(option_values const& v) {
   if (!v.given(opt::k_max)) return;
   if (!v.flag(opt::adaptive)) throw usage_error("--k-max needs --adaptive");
   if (v.count(opt::k_max) < v.count(opt::chain_length))
     throw usage_error("--k-max " + std::to_string(v.count(opt::k_max)) + " is below -k " +
                       std::to_string(v.count(opt::chain_length)));
+}
+
+//! layer-skip: --k-max excludes --fixed-k and is at least -k.
+inline void check_layer_skip_chain(option_values const& v) {
+  if (!v.given(opt::layer_skip_k_max)) return;
+  if (v.flag(opt::fixed_k)) throw usage_error("--k-max does not apply with --fixed-k");
+  if (v.count(opt::layer_skip_k_max) < v.count(opt::layer_skip_k))
+    throw usage_error("--k-max " + std::to_string(v.count(opt::layer_skip_k_max)) +
+                      " is below -k " + std::to_string(v.count(opt::layer_skip_k)));
 }
 
 //! prompt-lookup, rest: the shortest n-gram is at most the longest.
@@ -508,18 +551,37 @@ inline void check_eagle(option_values const& v) {
 // ---------------------------------------------------------------------------------------------
 // How each strategy runs one request.
 
-//! The draft-chain configuration from -k, --adaptive, --k-max and --confidence.
+//! A draft chain's configuration: `defaults` (the library's for the strategy) with -k, whether it
+//! adapts, --k-max (default: the larger of the default's and k) and --confidence.
+inline sd::draft_model_config chain_config(option_values const& v, option_spec const& k_spec,
+                                           bool adaptive, option_spec const& k_max_spec,
+                                           sd::draft_model_config defaults) {
+  auto const k = static_cast<std::size_t>(v.count(k_spec));
+  std::size_t const k_max =
+      !adaptive ? k
+      : v.given(k_max_spec)
+          ? static_cast<std::size_t>(v.count(k_max_spec))
+          : std::max<std::size_t>(static_cast<std::size_t>(v.count(k_max_spec)), k);
+  defaults.k = k;
+  defaults.adaptive = adaptive;
+  defaults.k_max = k_max;
+  defaults.k_min = std::min(defaults.k_min, k);
+  defaults.confidence_threshold = v.real(opt::confidence);
+  return defaults;
+}
+
+//! draft: the chain from -k, --adaptive, --k-max and --confidence over `draft_model_config`'s
+//! defaults (a fixed k).
 inline sd::draft_model_config chain_config(option_values const& v) {
-  auto const k = static_cast<std::size_t>(v.count(opt::chain_length));
-  bool const adaptive = v.flag(opt::adaptive);
-  std::size_t const k_max = !adaptive             ? k
-                            : v.given(opt::k_max) ? static_cast<std::size_t>(v.count(opt::k_max))
-                                                  : std::max<std::size_t>(8, k);
-  return {.k = k,
-          .adaptive = adaptive,
-          .k_min = 1,
-          .k_max = k_max,
-          .confidence_threshold = v.real(opt::confidence)};
+  return chain_config(v, opt::chain_length, v.flag(opt::adaptive), opt::k_max,
+                      sd::draft_model_config{});
+}
+
+//! layer-skip: the chain from -k, --fixed-k, --k-max and --confidence over
+//! `layer_skip_config`'s defaults (k adapts).
+inline sd::draft_model_config layer_skip_chain(option_values const& v) {
+  return chain_config(v, opt::layer_skip_k, !v.flag(opt::fixed_k), opt::layer_skip_k_max,
+                      sd::layer_skip_config{}.draft);
 }
 
 //! Describes a draft chain's settings: "k = 4", or "adaptive k from 4 in [1, 8]", and the
@@ -620,7 +682,7 @@ run_output run_lookahead(session& s);
 
 //! The Jacobi configuration from -k.
 inline sd::jacobi_config jacobi_config_of(option_values const& v) {
-  return {.block = static_cast<std::size_t>(v.count(opt::chain_length))};
+  return {.block = static_cast<std::size_t>(v.count(opt::jacobi_block))};
 }
 
 //! jacobi: a block of k guesses refined by the target's own predictions (greedy only).
@@ -785,15 +847,15 @@ namespace strategy_options {
 inline constexpr option_spec const* draft[] = {
     &opt::draft_model, &opt::chain_length,  &opt::adaptive,     &opt::k_max,
     &opt::confidence,  &opt::draft_threads, &opt::draft_context};
-inline constexpr option_spec const* layer_skip[] = {&opt::skip_layers, &opt::chain_length,
-                                                    &opt::adaptive, &opt::k_max, &opt::confidence};
+inline constexpr option_spec const* layer_skip[] = {
+    &opt::skip_layers, &opt::layer_skip_k, &opt::fixed_k, &opt::layer_skip_k_max, &opt::confidence};
 inline constexpr option_spec const* prompt_lookup[] = {&opt::lookup_depth, &opt::lookup_branches,
                                                        &opt::lookup_ngram, &opt::lookup_ngram_min};
 inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth, &opt::rest_nodes,
                                               &opt::rest_ngram, &opt::rest_ngram_min};
 inline constexpr option_spec const* lookahead[] = {&opt::lookahead_window, &opt::lookahead_ngram,
                                                    &opt::lookahead_guesses};
-inline constexpr option_spec const* jacobi[] = {&opt::chain_length};
+inline constexpr option_spec const* jacobi[] = {&opt::jacobi_block};
 inline constexpr option_spec const* heads[] = {&opt::heads, &opt::tree, &opt::tree_nodes,
                                                &opt::write_tree};
 inline constexpr option_spec const* eagle[] = {&opt::eagle, &opt::eagle_depth, &opt::eagle_topk,
@@ -820,7 +882,7 @@ inline constexpr strategy strategies[] = {
     {.name = "layer-skip",
      .help = "the target with some layers skipped drafts a chain (self-speculation)",
      .options = strategy_options::layer_skip,
-     .check = check_chain,
+     .check = check_layer_skip_chain,
      .run = run_layer_skip},
     {.name = "rest",
      .help = "continuations retrieved from a datastore draft a tree (REST)",
