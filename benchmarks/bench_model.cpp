@@ -10,6 +10,9 @@
 //            stream_GBps, decode_GBps (weight bytes / decode time), tok_per_s
 //   verify:  x_decode = batch time / 1-token time, measured alternately in the same loop
 //   prefill: tok_per_s
+//   decode_view: x_full = decode time with a view of the cache (16 sinks and a recent window, the
+//            budget in the name) / decode time over the whole cache, measured alternately in the
+//            same loop, with SPECDEC_BENCH_VIEW_CONTEXT tokens in the cache (default 2048)
 //   matmul_vs_eigen (built only when CMake found Eigen, the one use of Eigen in the project):
 //            eigen_over_tiled = Eigen's product time / the tiled kernel's, eigen_ms
 // Environment: SPECDEC_MODEL_DIR (stories260K.bin), SPECDEC_BENCH_THREADS (default 2),
@@ -107,11 +110,12 @@ void collect_streamed(model_under_test& m) {
   for (auto s : m.streamed) m.streamed_bytes += s.size_bytes();
 }
 
-model_under_test& get_model(std::string const& name) {
+model_under_test& get_model(std::string const& name, std::size_t const ctx = bench_context()) {
   static std::map<std::string, model_under_test> models;
-  auto it = models.find(name);
+  std::string const key = name + "@" + std::to_string(ctx);
+  auto it = models.find(key);
   if (it != models.end()) return it->second;
-  model_under_test& m = models[name];
+  model_under_test& m = models[key];
   try {
     if (name == "stories260K") {
       char const* dir = std::getenv("SPECDEC_MODEL_DIR");
@@ -132,7 +136,6 @@ model_under_test& get_model(std::string const& name) {
       return m;
     }
     collect_streamed(m);
-    std::size_t const ctx = bench_context();
     m.model = std::make_unique<sd::cpu_llama>(
         m.weights, sd::cpu_llama_options{.threads = bench_threads(), .max_context = ctx + 64});
     // Prefill the context in one batch.
@@ -219,12 +222,13 @@ batch make_batch(std::size_t n, bool tree, std::size_t context, std::size_t voca
 }
 
 double timed_forward(sd::cpu_llama& model, batch const& b, sd::forward_result& out,
-                     std::size_t context) {
+                     std::size_t context, sd::kv_view view = {}) {
   sd::forward_request req;
   req.tokens = b.tokens;
   req.positions = b.positions;
   req.mask = b.mask;
   req.mask_stride = b.stride;
+  req.view = view;
   auto const t0 = clock_type::now();
   model.forward(req, out);
   double const s = seconds_since(t0);
@@ -295,6 +299,32 @@ void bm_verify(benchmark::State& state, std::string const& name, bool tree) {
   state.counters["x_decode"] = many_s / one_s;
   state.counters["decode_ms"] = one_s / iters * 1e3;
   state.counters["tokens"] = double(n);
+}
+
+// One token decoded over a view of a long cache (16 sinks and a window, range(0) positions in
+// all) against the same token over the whole cache, alternately.
+void bm_decode_view(benchmark::State& state, std::string const& name) {
+  model_under_test& m = get_model(name, env_size("SPECDEC_BENCH_VIEW_CONTEXT", 2048));
+  if (!m.error.empty()) {
+    state.SkipWithError(m.error.c_str());
+    return;
+  }
+  auto const budget = static_cast<std::size_t>(state.range(0));
+  sd::kv_view const view{.sinks = 16, .window = budget - 16};
+  batch const one = make_batch(1, false, m.context, m.model->vocab_size());
+  sd::forward_result out;
+  (void)timed_forward(*m.model, one, out, m.context, view);  // warm-up (buffers)
+  double full_s = 0, view_s = 0;
+  for (auto _ : state) {
+    full_s += timed_forward(*m.model, one, out, m.context);
+    double const s = timed_forward(*m.model, one, out, m.context, view);
+    view_s += s;
+    state.SetIterationTime(s);
+  }
+  double const iters = double(state.iterations());
+  state.counters["x_full"] = view_s / full_s;
+  state.counters["full_ms"] = full_s / iters * 1e3;
+  state.counters["context"] = double(m.context);
 }
 
 void bm_prefill(benchmark::State& state, std::string const& name) {
@@ -406,6 +436,11 @@ int register_all() {
       for (int n : {1, 5, 17}) b->Arg(n);
     }
 #endif
+    if (name != "tinyllama1.1B") {
+      auto* b = benchmark::RegisterBenchmark(("decode_view/" + name).c_str(), bm_decode_view, name);
+      b->Unit(benchmark::kMillisecond)->UseManualTime()->ArgName("budget");
+      for (int n : {64, 512}) b->Arg(n);
+    }
     if (name != "tinyllama1.1B")
       benchmark::RegisterBenchmark(("prefill/" + name).c_str(), bm_prefill, name)
           ->Unit(benchmark::kMillisecond)

@@ -459,12 +459,22 @@ inline void attend_heads(float const* q, float const* kc, float const* vc, std::
                          std::size_t length, float* scores, std::size_t stride,
                          float* att) noexcept {
   bool const compacted = n_runs > 1 || runs[0].row != 0;
+  // A sparse sequence (a view of the cache) is scored run by run, a dense one in one pass and
+  // compacted: the same bits either way (every row is scored alike), the cost of what is seen.
+  bool const by_runs = 2 * length < end;
   float const scale = 1.0f / std::sqrt(static_cast<float>(hs));
   float top[max_value_accumulators];
   for (std::size_t h = h0; h < h1; ++h) {
     float* const s = scores + (h - h0) * stride;
-    attention_scores(q + h * hs, kc + (h / per_kv) * hs, ldkv, end, hs, scale, s);
-    if (compacted) compact_scores(s, runs, n_runs);
+    float const* const k = kc + (h / per_kv) * hs;
+    if (by_runs) {
+      for (std::size_t r = 0, at = 0; r < n_runs; at += runs[r].count, ++r)
+        attention_scores(q + h * hs, k + runs[r].row * ldkv, ldkv, runs[r].count, hs, scale,
+                         s + at);
+    } else {
+      attention_scores(q + h * hs, k, ldkv, end, hs, scale, s);
+      if (compacted) compact_scores(s, runs, n_runs);
+    }
     top[h - h0] = row_max(s, length);
   }
   float inv[max_value_accumulators];
