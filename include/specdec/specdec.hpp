@@ -60,6 +60,7 @@
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/rest_datastore.hpp"
+#include "specdec/propose/sparse_kv.hpp"
 #include "specdec/propose/sparse_tree.hpp"
 
 // kv/: KV cache layouts.

@@ -14,6 +14,7 @@
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/propose/sparse_kv.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
@@ -86,6 +87,18 @@ TEST_CASE("fixture: greedy decoding reproduces the reference ids with every prop
       auto const s = check_greedy(target, p, sd::greedy_verifier{}, prompt, expected);
       CHECK(s.accepted > 0);
     }
+  }
+  SUBCASE("sparse KV: the target over a view of its cache") {
+    // A budget over the whole context makes the draft the target: every draft is accepted.
+    sd::sparse_kv_proposer<sd::greedy> whole({.sinks = 4, .budget = 1024}, sd::greedy{});
+    auto const all = check_greedy(target, whole, sd::greedy_verifier{}, prompt, expected);
+    CHECK(all.drafted > 0);
+    CHECK(all.accepted == all.drafted);
+    // A small view (4 sinks and the last 28 positions) drafts something else some of the time.
+    sd::sparse_kv_proposer<sd::greedy> small({.sinks = 4, .budget = 32}, sd::greedy{});
+    auto const s = check_greedy(target, small, sd::greedy_verifier{}, prompt, expected);
+    CHECK(s.accepted > s.drafted / 4);
+    CHECK(s.accepted < s.drafted);
   }
   SUBCASE("the fixture itself as a draft model (every draft accepted)") {
     sd::cpu_llama draft(weights, one_thread());

@@ -21,6 +21,7 @@
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/propose/sparse_kv.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
@@ -71,6 +72,15 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
     sd::request_stats s;
     check_counts(sample_pairs(dec, prompt, &s), joint, trials, "layer skip, sampled");
     CHECK(s.accepted > s.drafted / 4);  // acceptance must be substantial for the test to bite
+  }
+  SUBCASE("sparse KV (a view of 2 sinks and 3 recent positions), sampled drafts") {
+    sd::sparse_kv_proposer<sd::sampler, sd::draft_mode::sample> p(
+        {.sinks = 2, .budget = 5, .draft = {.k = 3}}, target_policy());
+    sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),
+                                two_tokens());
+    sd::request_stats s;
+    check_counts(sample_pairs(dec, prompt, &s), joint, trials, "sparse KV, sampled");
+    CHECK(s.accepted > s.drafted / 4);
   }
   SUBCASE("layer skip, sampled drafts, tree verifier") {
     sd::layer_skip_proposer<sd::sampler, sd::draft_mode::sample> p(

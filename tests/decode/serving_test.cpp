@@ -29,6 +29,7 @@
 #include "specdec/propose/lookahead.hpp"
 #include "specdec/propose/medusa.hpp"
 #include "specdec/propose/per_request.hpp"
+#include "specdec/propose/sparse_kv.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
 #include "support/eagle.hpp"
@@ -42,6 +43,7 @@ namespace {
 using cpu_eagle = sd::eagle_proposer<sd::cpu_eagle_head>;
 using owned_eagle = sd::owning_proposer<sd::cpu_eagle_head, cpu_eagle>;
 using layer_skip = sd::layer_skip_proposer<sd::sampler>;
+using sparse_kv = sd::sparse_kv_proposer<sd::sampler>;
 
 static_assert(sd::batch_proposer<sd::per_request_proposer<owned_eagle>>);
 static_assert(sd::needs_target_hidden_v<sd::per_request_proposer<owned_eagle>>);
@@ -144,6 +146,12 @@ TEST_CASE("batch_decoder serves lookahead and Jacobi decoding as they decode alo
 TEST_CASE("batch_decoder serves layer-skip self-speculation as it decodes alone") {
   check_batch_equals_alone<layer_skip>("layer-skip", [] {
     return layer_skip(sd::layer_skip_config{.skip_layers = {2}}, policy_of(0.0f));
+  });
+}
+
+TEST_CASE("batch_decoder serves sparse-KV self-speculation as it decodes alone") {
+  check_batch_equals_alone<sparse_kv>("sparse-kv", [] {
+    return sparse_kv(sd::sparse_kv_config{.sinks = 4, .budget = 24}, policy_of(0.0f));
   });
 }
 

@@ -223,6 +223,8 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
       {"--strategy", "prompt-lookup", "--branches", "3", "--ngram", "2"},
       {"--strategy", "layer-skip"},
       {"--strategy", "layer-skip", "--skip-layers", "1,3", "--confidence", "0.2"},
+      {"--strategy", "sparse-kv"},
+      {"--strategy", "sparse-kv", "--sinks", "4", "--budget", "20", "--fixed-k", "-k", "3"},
       {"--strategy", "lookahead"},
       {"--strategy", "lookahead", "--lookahead-window", "3", "--lookahead-ngram", "3"},
       {"--strategy", "jacobi", "-k", "5"},
@@ -425,6 +427,10 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
               "--k-max 4 is below -k 6");
   check_error(with({"--strategy", "layer-skip", "--adaptive"}), 2,
               "--adaptive applies to --strategy draft only (not layer-skip)");
+  check_error(with({"--strategy", "sparse-kv", "--sinks", "8", "--budget", "8"}), 2,
+              "--budget 8 must exceed --sinks 8");
+  check_error(with({"--strategy", "sparse-kv", "--fixed-k", "--k-max", "8"}), 2,
+              "--k-max does not apply with --fixed-k");
   check_error(with({"--strategy", "autoregressive", "--stop", ""}), 2, "--stop");
   check_error({"--strategy", "autoregressive", "-n", "3"}, 2, "no prompt");
   check_error(with({"--strategy", "autoregressive", "--prompt-file", "x"}), 2, "not both");
@@ -532,9 +538,10 @@ TEST_CASE("generate: an option of another strategy is refused, naming both") {
     }
   }
   // The strategies that share a flag are all named.
-  CHECK(generate::strategies_with("-k") == "draft, layer-skip and jacobi");
+  CHECK(generate::strategies_with("-k") == "draft, layer-skip, sparse-kv and jacobi");
   check_error(once({"--strategy", "autoregressive", "-k", "3"}), 2,
-              "-k applies to --strategy draft, layer-skip and jacobi only (not autoregressive)");
+              "-k applies to --strategy draft, layer-skip, sparse-kv and jacobi only (not "
+              "autoregressive)");
   check_error(once({"--strategy", "lookahead", "-k", "3"}), 2, "(not lookahead)");
   check_error(once({"--strategy", "prompt-lookup", "-k", "3"}), 2, "(not prompt-lookup)");
   check_error(once({"--strategy", "rest", "--datastore", stories_datastore(), "-k", "3"}), 2,

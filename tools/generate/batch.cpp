@@ -436,6 +436,19 @@ int run_batch(batch_session const& s) {
     if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
     return with_mode.template operator()<sd::draft_mode::sample>();
   }
+  if (s.chosen.name == "sparse-kv") {
+    // Each request drafts over a view of its own slot's cache.
+    sd::sparse_kv_config const config = sparse_kv_config_of(v);
+    std::string const description = sparse_kv_description(config) + ", per request";
+    auto const with_mode = [&]<sd::draft_mode M>() {
+      using proposer_type = sd::sparse_kv_proposer<sd::sampler, M>;
+      sd::per_request_proposer<proposer_type> proposer(
+          [&] { return proposer_type(config, sd::sampler(s.params)); });
+      return with_speculation(proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
+    };
+    if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
+    return with_mode.template operator()<sd::draft_mode::sample>();
+  }
   if (s.chosen.name == "medusa" || s.chosen.name == "hydra") {
     // One runner of the heads, shared by the requests' proposers in turn (it keeps no sequence
     // state); the tree is chosen once, as a single run chooses it (with a single-sequence instance

@@ -50,6 +50,15 @@ run_output run_layer_skip(session& s) {
   });
 }
 
+run_output run_sparse_kv(session& s) {
+  sd::sparse_kv_config const config = sparse_kv_config_of(s.values);
+  return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
+    sd::sparse_kv_proposer<sd::sampler, M> proposer(config, s.policy);
+    return run_speculative(s, proposer, chain_verifier<M>{}, sparse_kv_description(config),
+                           chain_verifier_name<M>);
+  });
+}
+
 run_output run_prompt_lookup(session& s) {
   sd::prompt_lookup_config const c = lookup_config(s.values);
   sd::prompt_lookup_proposer proposer(c);

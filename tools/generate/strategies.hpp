@@ -64,6 +64,7 @@
 #include "specdec/propose/medusa.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
+#include "specdec/propose/sparse_kv.hpp"
 #include "specdec/propose/sparse_tree.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
@@ -268,7 +269,8 @@ inline constexpr option_spec k_max{.flag = "--k-max",
                                    .count_lo = 1,
                                    .count_hi = 4095,
                                    .count_default = sd::draft_model_config{}.k_max};
-//! layer-skip: the chain's starting length (default: the library's, `layer_skip_config`).
+//! layer-skip, sparse-kv (self-speculation on the target): the chain's starting length (default:
+//! the library's, `layer_skip_config`, which `sparse_kv_config` shares).
 inline constexpr option_spec layer_skip_k{
     .flag = "-k",
     .value_name = "N",
@@ -277,13 +279,13 @@ inline constexpr option_spec layer_skip_k{
     .count_lo = 1,
     .count_hi = 4095,
     .count_default = sd::layer_skip_config{}.draft.k};
-//! layer-skip: a fixed chain length (the library's default adapts it).
+//! layer-skip, sparse-kv: a fixed chain length (the library's default adapts it).
 inline constexpr option_spec fixed_k{
     .flag = "--fixed-k",
     .help =
         "draft exactly k tokens per step (by default k adapts to acceptance within [1, "
         "--k-max])"};
-//! layer-skip: the largest adaptive chain length.
+//! layer-skip, sparse-kv: the largest adaptive chain length.
 inline constexpr option_spec layer_skip_k_max{
     .flag = "--k-max",
     .value_name = "N",
@@ -293,6 +295,24 @@ inline constexpr option_spec layer_skip_k_max{
     .count_lo = 1,
     .count_hi = 4095,
     .count_default = sd::layer_skip_config{}.draft.k_max};
+//! sparse-kv: the attention sinks of the draft's view.
+inline constexpr option_spec kv_sinks{
+    .flag = "--sinks",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "leading cache positions always in the draft's view (attention sinks)",
+    .count_lo = 0,
+    .count_hi = std::uint64_t{1} << 24,
+    .count_default = sd::sparse_kv_config{}.sinks};
+//! sparse-kv: the positions of the draft's view in all.
+inline constexpr option_spec kv_budget{
+    .flag = "--budget",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "cache positions in the draft's view: the sinks and the most recent ones (> --sinks)",
+    .count_lo = 1,
+    .count_hi = std::uint64_t{1} << 24,
+    .count_default = sd::sparse_kv_config{}.budget};
 //! jacobi: the block's length (default: the library's, `jacobi_config`).
 inline constexpr option_spec jacobi_block{.flag = "-k",
                                           .value_name = "N",
@@ -510,13 +530,21 @@ inline void check_chain(option_values const& v) {
                       std::to_string(v.count(opt::chain_length)));
 }
 
-//! layer-skip: --k-max excludes --fixed-k and is at least -k.
+//! layer-skip, sparse-kv: --k-max excludes --fixed-k and is at least -k.
 inline void check_layer_skip_chain(option_values const& v) {
   if (!v.given(opt::layer_skip_k_max)) return;
   if (v.flag(opt::fixed_k)) throw usage_error("--k-max does not apply with --fixed-k");
   if (v.count(opt::layer_skip_k_max) < v.count(opt::layer_skip_k))
     throw usage_error("--k-max " + std::to_string(v.count(opt::layer_skip_k_max)) +
                       " is below -k " + std::to_string(v.count(opt::layer_skip_k)));
+}
+
+//! sparse-kv: the chain's options, and a budget above the sinks.
+inline void check_sparse_kv(option_values const& v) {
+  check_layer_skip_chain(v);
+  if (v.count(opt::kv_budget) <= v.count(opt::kv_sinks))
+    throw usage_error("--budget " + std::to_string(v.count(opt::kv_budget)) +
+                      " must exceed --sinks " + std::to_string(v.count(opt::kv_sinks)));
 }
 
 //! prompt-lookup, rest: the shortest n-gram is at most the longest.
@@ -577,9 +605,12 @@ inline sd::draft_model_config chain_config(option_values const& v) {
                       sd::draft_model_config{});
 }
 
-//! layer-skip: the chain from -k, --fixed-k, --k-max and --confidence over
-//! `layer_skip_config`'s defaults (k adapts).
+//! layer-skip, sparse-kv: the chain from -k, --fixed-k, --k-max and --confidence over
+//! `layer_skip_config`'s defaults (k adapts), which `sparse_kv_config`'s equal.
 inline sd::draft_model_config layer_skip_chain(option_values const& v) {
+  static_assert(sd::layer_skip_config{}.draft.k == sd::sparse_kv_config{}.draft.k &&
+                sd::layer_skip_config{}.draft.k_max == sd::sparse_kv_config{}.draft.k_max &&
+                sd::layer_skip_config{}.draft.adaptive == sd::sparse_kv_config{}.draft.adaptive);
   return chain_config(v, opt::layer_skip_k, !v.flag(opt::fixed_k), opt::layer_skip_k_max,
                       sd::layer_skip_config{}.draft);
 }
@@ -624,6 +655,22 @@ inline std::string layer_skip_description(std::span<std::int32_t const> layers,
 }
 
 run_output run_layer_skip(session& s);
+
+//! sparse-kv: the target over a view of its cache (sinks and a recent window) drafts a chain.
+//! The configuration from --sinks, --budget and the chain's options.
+inline sd::sparse_kv_config sparse_kv_config_of(option_values const& v) {
+  return {.sinks = static_cast<std::size_t>(v.count(opt::kv_sinks)),
+          .budget = static_cast<std::size_t>(v.count(opt::kv_budget)),
+          .draft = layer_skip_chain(v)};
+}
+
+//! "sparse KV (16 sinks, budget 512), adaptive k from 4 in [1, 8]".
+inline std::string sparse_kv_description(sd::sparse_kv_config const& c) {
+  return "sparse KV (" + std::to_string(c.sinks) + " sinks, budget " + std::to_string(c.budget) +
+         "), " + chain_description(c.draft);
+}
+
+run_output run_sparse_kv(session& s);
 
 //! The prompt-lookup configuration from --lookup-*.
 inline sd::prompt_lookup_config lookup_config(option_values const& v) {
@@ -849,6 +896,9 @@ inline constexpr option_spec const* draft[] = {
     &opt::confidence,  &opt::draft_threads, &opt::draft_context};
 inline constexpr option_spec const* layer_skip[] = {
     &opt::skip_layers, &opt::layer_skip_k, &opt::fixed_k, &opt::layer_skip_k_max, &opt::confidence};
+inline constexpr option_spec const* sparse_kv[] = {&opt::kv_sinks,         &opt::kv_budget,
+                                                   &opt::layer_skip_k,     &opt::fixed_k,
+                                                   &opt::layer_skip_k_max, &opt::confidence};
 inline constexpr option_spec const* prompt_lookup[] = {&opt::lookup_depth, &opt::lookup_branches,
                                                        &opt::lookup_ngram, &opt::lookup_ngram_min};
 inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth, &opt::rest_nodes,
@@ -884,6 +934,12 @@ inline constexpr strategy strategies[] = {
      .options = strategy_options::layer_skip,
      .check = check_layer_skip_chain,
      .run = run_layer_skip},
+    {.name = "sparse-kv",
+     .help = "the target over a view of its cache (attention sinks and a recent window) drafts "
+             "a chain (MagicDec's StreamingLLM self-speculation)",
+     .options = strategy_options::sparse_kv,
+     .check = check_sparse_kv,
+     .run = run_sparse_kv},
     {.name = "rest",
      .help = "continuations retrieved from a datastore draft a tree (REST)",
      .options = strategy_options::rest,

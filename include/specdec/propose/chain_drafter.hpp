@@ -1,10 +1,10 @@
 #pragma once
 //! \file
 //! The chain drafting of a causal model, shared by `draft_model_proposer` (a separate draft model
-//! with its own cache) and `layer_skip_proposer` (the target itself, on its own cache through its
-//! `target_handle`): `draft_mode`, `draft_model_config`, `detail::chain_sequence` (one sequence,
-//! phase by phase; also what `batched_draft_model_proposer` drives per request) and
-//! `detail::chain_drafter`.
+//! with its own cache), `layer_skip_proposer` and `sparse_kv_proposer` (the target itself, on its
+//! own cache through its `target_handle`, with layers skipped or a bounded view of the cache):
+//! `draft_mode`, `draft_model_config`, `detail::chain_sequence` (one sequence, phase by phase; also
+//! what `batched_draft_model_proposer` drives per request) and `detail::chain_drafter`.
 //!
 //! Modes (a template parameter, so `samples_drafts` stays a compile-time trait):
 //! - `draft_mode::greedy`: d_i = policy.greedy_token(draft row, history); the drafts are
@@ -231,7 +231,17 @@ class chain_sequence {
   token_id next_ = no_token;      // the draft to feed next
 };
 
-//! The drafting shared by `draft_model_proposer` and `layer_skip_proposer`: one `chain_sequence`
+//! What a chain drafter's forwards ask of its model besides the tokens: layers to skip
+//! (`forward_request::skip_layers`, ascending) and a view of the cache of `sinks` leading positions
+//! and the last `window` (`forward_request::view`; the whole cache when both are 0).
+struct draft_variant {
+  std::vector<std::int32_t> skip_layers = {};
+  std::size_t sinks = 0;
+  std::size_t window = 0;
+};
+
+//! The drafting shared by `draft_model_proposer`, `layer_skip_proposer` and `sparse_kv_proposer`:
+//! one `chain_sequence`
 //! fed by a single model, and the adaptive k. The draft model is passed to each call so that the
 //! owner may hold it by reference or by value. With `Model` = `target_handle const` the draft runs
 //! on the target's own cache (self-speculation): the committed tokens are already there, each step
@@ -242,9 +252,10 @@ class chain_drafter {
   static constexpr char const* who = "draft proposer";
 
  public:
-  //! A drafter with `config` (validated), `policy`, and layers to skip in every draft forward.
-  chain_drafter(draft_model_config config, Policy policy, std::vector<std::int32_t> skip_layers)
-      : config_(config), policy_(std::move(policy)), skip_(std::move(skip_layers)), k_(config.k) {
+  //! A drafter with `config` (validated), `policy`, and what every draft forward asks besides its
+  //! tokens (`variant`).
+  chain_drafter(draft_model_config config, Policy policy, draft_variant variant)
+      : config_(config), policy_(std::move(policy)), variant_(std::move(variant)), k_(config.k) {
     config_.validate();
   }
 
@@ -312,7 +323,11 @@ class chain_drafter {
   //! The policy of the draft rows.
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
   //! [n] the layers skipped in every draft forward, ascending.
-  [[nodiscard]] std::span<std::int32_t const> skip_layers() const noexcept { return skip_; }
+  [[nodiscard]] std::span<std::int32_t const> skip_layers() const noexcept {
+    return variant_.skip_layers;
+  }
+  //! What every draft forward asks besides its tokens.
+  [[nodiscard]] draft_variant const& variant() const noexcept { return variant_; }
 
  private:
   // After a step: k grows after a step whose drafts were all accepted, shrinks after a rejection.
@@ -337,14 +352,15 @@ class chain_drafter {
     forward_request const req{.tokens = tokens,
                               .positions = positions_,
                               .logits_rows = std::span<std::int32_t const>(&last, 1),
-                              .skip_layers = skip_};
+                              .skip_layers = variant_.skip_layers,
+                              .view = {.sinks = variant_.sinks, .window = variant_.window}};
     model.forward(req, fwd_);
     seq_.fed(tokens);
   }
 
   draft_model_config config_;
   Policy policy_;
-  std::vector<std::int32_t> skip_;
+  draft_variant variant_;
   std::size_t k_;
   chain_sequence<Mode> seq_;
   std::vector<position_t> positions_;

@@ -59,7 +59,8 @@ class layer_skip_proposer {
 
   //! Throws `errc::invalid_argument` for a negative layer or an invalid draft configuration.
   layer_skip_proposer(layer_skip_config config, Policy policy)
-      : drafter_(config.draft, std::move(policy), normalise(std::move(config.skip_layers))) {}
+      : drafter_(config.draft, std::move(policy),
+                 {.skip_layers = normalise(std::move(config.skip_layers))}) {}
 
   //! Starts a sequence (see `proposer`).
   void begin(std::span<token_id const> prompt) { drafter_.begin(prompt); }
