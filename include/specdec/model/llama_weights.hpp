@@ -118,9 +118,10 @@ inline void check_complete(llama_weights const& w, char const* who) {
                 ": the weights have null tensors");
   SPECDEC_CHECK(w.layers.size() == static_cast<std::size_t>(w.config.n_layers), invalid_argument,
                 who, ": ", w.layers.size(), " layers but the config says ", w.config.n_layers);
-  for (auto const& l : w.layers) {
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    llama_layer_weights const& l = w.layers[i];
     SPECDEC_CHECK(l.rms_att && l.wq && l.wk && l.wv && l.wo && l.rms_ffn && l.w1 && l.w2 && l.w3,
-                  invalid_argument, who, ": a layer has null tensors");
+                  invalid_argument, who, ": layer ", i, " has null tensors");
   }
 }
 

@@ -84,10 +84,20 @@ inline std::shared_ptr<llama_weights const> drop_layers(llama_weights const& src
   return w;
 }
 
-// An obviously-correct forward in double precision: logits [n, vocab] for the causal sequence
-// `tokens` at positions 0..n-1.
-inline std::vector<double> reference_logits(llama_weights const& w,
-                                            std::span<token_id const> tokens) {
+// What `reference_forward` returns.
+struct reference_output {
+  std::vector<double> logits;  // [n, vocab]
+  // [layers, kv_heads, score_past]: over the last score_rows tokens and the query heads of each
+  // kv head, the attention weight (or the scaled logit) of each position j < score_past it sees.
+  std::vector<double> scores;
+};
+
+// An obviously-correct forward in double precision of the sequence `tokens` at positions
+// 0..n-1, token t attending to token j <= t in layer l, kv head g when sees(l, g, t, j).
+template <class Sees>
+reference_output reference_forward(llama_weights const& w, std::span<token_id const> tokens,
+                                   Sees sees, std::size_t score_rows = 0,
+                                   std::size_t score_past = 0, bool logit_scores = false) {
   llama_config const& c = w.config;
   auto const d = static_cast<std::size_t>(c.dim), hd = static_cast<std::size_t>(c.hidden_dim),
              nh = static_cast<std::size_t>(c.n_heads), nkv = static_cast<std::size_t>(c.n_kv_heads),
@@ -123,7 +133,10 @@ inline std::vector<double> reference_logits(llama_weights const& w,
   for (std::size_t t = 0; t < n; ++t)
     for (std::size_t i = 0; i < d; ++i)
       x[t][i] = w.token_embedding[static_cast<std::size_t>(tokens[t]) * d + i];
-  for (auto const& lw : w.layers) {
+  reference_output out;
+  out.scores.assign(w.layers.size() * nkv * score_past, 0.0);
+  for (std::size_t layer = 0; layer < w.layers.size(); ++layer) {
+    llama_layer_weights const& lw = w.layers[layer];
     std::vector<std::vector<double>> q(n), k(n), val(n);
     for (std::size_t t = 0; t < n; ++t) {
       auto xb = norm(x[t], lw.rms_att);
@@ -137,18 +150,24 @@ inline std::vector<double> reference_logits(llama_weights const& w,
       std::vector<double> att(d, 0.0);
       for (std::size_t h = 0; h < nh; ++h) {
         std::size_t const g = h / (nh / nkv);
-        std::vector<double> s(t + 1);
+        std::vector<double> s(t + 1), p(t + 1, 0.0);
         double mx = -1e300;
         for (std::size_t j = 0; j <= t; ++j) {
+          if (!sees(layer, g, t, j)) continue;
           double dot = 0;
           for (std::size_t i = 0; i < hs; ++i) dot += q[t][h * hs + i] * k[j][g * hs + i];
           s[j] = dot / std::sqrt(double(hs));
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
-        for (auto& e : s) sum += (e = std::exp(e - mx));
         for (std::size_t j = 0; j <= t; ++j)
-          for (std::size_t i = 0; i < hs; ++i) att[h * hs + i] += s[j] / sum * val[j][g * hs + i];
+          if (sees(layer, g, t, j)) sum += (p[j] = std::exp(s[j] - mx));
+        for (std::size_t j = 0; j <= t; ++j)
+          for (std::size_t i = 0; i < hs; ++i) att[h * hs + i] += p[j] / sum * val[j][g * hs + i];
+        if (t + score_rows >= n)
+          for (std::size_t j = 0; j < score_past && j <= t; ++j)
+            if (sees(layer, g, t, j))
+              out.scores[(layer * nkv + g) * score_past + j] += logit_scores ? s[j] : p[j] / sum;
       }
       auto o = matvec(lw.wo, att, d, d);
       for (std::size_t i = 0; i < d; ++i) x[t][i] += o[i];
@@ -160,13 +179,21 @@ inline std::vector<double> reference_logits(llama_weights const& w,
       for (std::size_t i = 0; i < d; ++i) x[t][i] += down[i];
     }
   }
-  std::vector<double> logits(n * v);
+  out.logits.resize(n * v);
   for (std::size_t t = 0; t < n; ++t) {
     auto xb = norm(x[t], w.rms_final);
     auto l = matvec(w.classifier, xb, v, d);
-    std::copy(l.begin(), l.end(), logits.begin() + static_cast<std::ptrdiff_t>(t * v));
+    std::copy(l.begin(), l.end(), out.logits.begin() + static_cast<std::ptrdiff_t>(t * v));
   }
-  return logits;
+  return out;
+}
+
+// The reference forward's logits [n, vocab] for the causal sequence `tokens` at positions 0..n-1.
+inline std::vector<double> reference_logits(llama_weights const& w,
+                                            std::span<token_id const> tokens) {
+  return reference_forward(w, tokens,
+                           [](std::size_t, std::size_t, std::size_t, std::size_t) { return true; })
+      .logits;
 }
 
 // Largest |a - b| / (1 + max |b|) over two rows.

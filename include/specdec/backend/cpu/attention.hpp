@@ -73,15 +73,18 @@ struct row_runs {
 //! `req.view` when it has one), then the batch rows its mask lets it see, in batch order, at cache
 //! rows past + batch index -- as runs of consecutive cache rows into `runs` (room for the batch +
 //! 1 + `req.view.max_runs()`); returns the number of runs and sets `length` to the sequence's
-//! length. Attention sums over the sequence in its order, so a token's result is the same as when
-//! the same tokens sit at consecutive positions.
+//! length. `list` names the view's list of positions (layer l, kv head g: l * kv_heads + g).
+//! Attention sums over the sequence in its order, so a token's result is the same as when the
+//! same tokens sit at consecutive positions.
 inline std::size_t virtual_sequence(std::size_t t, forward_request const& req, std::size_t past,
-                                    row_run* runs, std::size_t& length) noexcept {
+                                    row_run* runs, std::size_t& length,
+                                    std::size_t list = 0) noexcept {
   row_runs seq{.runs = runs};
   if (req.view.empty()) {
     if (past > 0) seq.add(0, past);
   } else {
-    req.view.for_each_run(past, [&](std::size_t row, std::size_t count) { seq.add(row, count); });
+    req.view.for_each_run(
+        past, [&](std::size_t row, std::size_t count) { seq.add(row, count); }, list);
   }
   if (req.mask.empty())
     seq.add(past, t + 1);
@@ -443,6 +446,29 @@ inline void compact_scores(float* s, row_run const* runs, std::size_t n_runs) no
     if (runs[r].row != at) std::copy(s + runs[r].row, s + runs[r].row + runs[r].count, s + at);
     at += runs[r].count;
   }
+}
+
+//! Adds to `out[row]`, for each cache row below `past` in the virtual sequence `runs` (`length`
+//! rows), what `kind` names for query `q` [hs] against the keys `k` (kv head's first float, rows
+//! `ldk` apart): its softmax weight over the whole sequence, or its scaled logit
+//! (`forward_request::kv_scores`). `s` is scratch of `length` floats.
+inline void add_cache_scores(float const* q, float const* k, std::size_t ldk, std::size_t hs,
+                             row_run const* runs, std::size_t n_runs, std::size_t length,
+                             std::size_t past, kv_score_kind kind, float* s, float* out) noexcept {
+  float const scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (std::size_t r = 0, at = 0; r < n_runs; at += runs[r].count, ++r)
+    attention_scores(q, k + runs[r].row * ldk, ldk, runs[r].count, hs, scale, s + at);
+  float inv = 1.0f;
+  if (kind == kv_score_kind::probability) {
+    float const top = row_max(s, length);
+    double sum = 0;
+    for (std::size_t i = 0; i < length; ++i)
+      sum += static_cast<double>(s[i] = std::exp(s[i] - top));
+    inv = static_cast<float>(1.0 / sum);
+  }
+  for (std::size_t r = 0, at = 0; r < n_runs; at += runs[r].count, ++r)
+    for (std::size_t c = 0; c < runs[r].count && runs[r].row + c < past; ++c)
+      out[runs[r].row + c] += s[at + c] * inv;
 }
 
 //! The attention of one token for its query heads [h0, h1) (at most `max_value_accumulators`

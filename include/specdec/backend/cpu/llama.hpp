@@ -64,7 +64,8 @@ class cpu_llama {
  public:
   //! Its forward honours `forward_request::skip_layers` (self-speculation).
   static constexpr bool supports_skip_layers = true;
-  //! Its forward honours `forward_request::view` (a bounded view of the cache), per segment.
+  //! Its forward honours `forward_request::view` (a bounded view of the cache), per segment, and
+  //! `forward_request::kv_scores` for a batch of one segment.
   static constexpr bool supports_kv_view = true;
 
   //! A model over `weights` (which must outlive nothing: the model shares ownership). Throws
@@ -73,9 +74,8 @@ class cpu_llama {
   explicit cpu_llama(std::shared_ptr<llama_weights const> weights, cpu_llama_options options = {})
       : weights_(std::move(weights)) {
     SPECDEC_CHECK(weights_ != nullptr, invalid_argument, "cpu_llama: null weights");
+    detail::check_complete(*weights_, "cpu_llama");
     llama_config const& c = weights_->config;
-    c.validate("cpu_llama");
-    check_weights();
     dim_ = static_cast<std::size_t>(c.dim);
     hidden_dim_ = static_cast<std::size_t>(c.hidden_dim);
     n_layers_ = static_cast<std::size_t>(c.n_layers);
@@ -102,7 +102,8 @@ class cpu_llama {
     heads_per_task_ = std::min(heads_per_task_, n_heads_);
     seq_ = make_sequence();  // allocates nothing yet
     segs_.reserve(1);
-    if (matrix_bytes() <= options.pack_limit) pack();
+    if (detail::cpu::packed_llama::bytes(c) <= options.pack_limit)
+      packed_ = detail::cpu::packed_llama::pack(*weights_);
     grow(std::max<std::size_t>(1, options.batch_capacity));
   }
 
@@ -216,7 +217,7 @@ class cpu_llama {
   [[nodiscard]] std::shared_ptr<thread_pool> const& pool() const noexcept { return pool_; }
   //! Whether the weights were repacked for the small-model kernels
   //! (`cpu_llama_options::pack_limit`).
-  [[nodiscard]] bool packed() const noexcept { return !packed_.empty(); }
+  [[nodiscard]] bool packed() const noexcept { return !packed_.layers.empty(); }
 
   //! The KV cache: truncate / keep_path it to commit speculation.
   [[nodiscard]] contiguous_cache& cache() noexcept { return seq_.cache_; }
@@ -257,6 +258,8 @@ class cpu_llama {
       SPECDEC_CHECK(q != nullptr, invalid_argument, "cpu_llama::forward: segment ", s,
                     " has no sequence");
       check_sequence(*q, "cpu_llama::forward");
+      SPECDEC_CHECK(count == 1 || req.kv_scores.kind == kv_score_kind::none, invalid_argument,
+                    "cpu_llama::forward: segment ", s, " asks for kv_scores (one segment only)");
       for (std::size_t j = 0; j < s; ++j)
         SPECDEC_CHECK(segments[j].sequence != q, invalid_argument, "cpu_llama::forward: segments ",
                       j, " and ", s, " score the same sequence");
@@ -286,7 +289,7 @@ class cpu_llama {
     if (n > batch_capacity_) grow(n);
     for (cpu_llama_segment const& sg : segments)  // views: longer virtual sequences
       if (kv_view const& v = sg.request.view; !v.empty())
-        sequence_room(n + 1 + v.max_runs(), v.rows(sg.sequence->cache_.size()) + n + 16);
+        sequence_room(n + 1 + v.max_runs(), v.max_rows(sg.sequence->cache_.size()) + n + 16);
     segs_.resize(count);
     out.vocab = vocab_;
     out.hidden_size = dim_;
@@ -295,6 +298,12 @@ class cpu_llama {
     out.layer_count = first.requested_layers().size();
     out.layer_hidden.resize(n * out.layer_count * dim_);
     out.logits_count = m;
+    bool const scoring = first.kv_scores.kind != kv_score_kind::none;
+    std::size_t const past = segments[0].sequence->cache_.size();
+    out.kv_scores.assign(scoring ? n_layers_ * n_kv_heads_ * past : 0, 0.0f);
+    out.kv_score_heads = scoring ? n_kv_heads_ : 0;
+    out.kv_score_positions = scoring ? past : 0;
+    kv_scores_ = scoring ? out.kv_scores.data() : nullptr;
     std::size_t row = 0;
     for (std::size_t s = 0; s < count; ++s) {
       cpu_llama_sequence& q = *segments[s].sequence;
@@ -315,32 +324,9 @@ class cpu_llama {
   // Per-batch activation rows, cache-line aligned (the matrix kernels' vector loads).
   using activations = std::vector<float, detail::cache_aligned_allocator<float>>;
 
-  // The matrices of one layer repacked for the small-model kernels.
-  struct packed_layer {
-    detail::cpu::packed_matrix qkv;  // [dim + 2 kv_dim, dim]: wq, wk, wv
-    detail::cpu::packed_matrix wo;   // [dim, dim]
-    detail::cpu::packed_matrix w13;  // gate (w1) and up (w3) pairs, [hidden_dim, dim] each
-    detail::cpu::packed_matrix w2;   // [dim, hidden_dim]
-  };
-
-  void check_weights() const {
-    llama_weights const& w = *weights_;
-    SPECDEC_CHECK(w.token_embedding != nullptr && w.rms_final != nullptr && w.classifier != nullptr,
-                  invalid_argument, "cpu_llama: missing embedding, final norm or classifier");
-    SPECDEC_CHECK(w.layers.size() == static_cast<std::size_t>(w.config.n_layers), invalid_argument,
-                  "cpu_llama: ", w.layers.size(), " layer weights for ", w.config.n_layers,
-                  " layers");
-    for (std::size_t l = 0; l < w.layers.size(); ++l) {
-      llama_layer_weights const& lw = w.layers[l];
-      SPECDEC_CHECK(
-          lw.rms_att && lw.wq && lw.wk && lw.wv && lw.wo && lw.rms_ffn && lw.w1 && lw.w2 && lw.w3,
-          invalid_argument, "cpu_llama: layer ", l, " misses a tensor");
-    }
-  }
-
   void validate(forward_request const& req, contiguous_cache const& cache) const {
     req.validate(vocab_, max_context_, n_layers_);
-    req.view.validate(max_context_, cache.size());
+    req.view.check_fits(cache.size(), n_layers_, n_kv_heads_);
     std::size_t const n = req.tokens.size();
     SPECDEC_CHECK(n <= cache.room(), context_overflow, "cpu_llama::forward: a batch of ", n,
                   " tokens does not fit the cache (", cache.size(), " of ", cache.capacity(),
@@ -396,27 +382,6 @@ class cpu_llama {
   // Whether attention uses keys and values transposed into blocks (AVX-512, heads of 8 floats).
   [[nodiscard]] bool transposed_heads() const noexcept {
     return detail::cpu::transposed8 && head_size_ == 8;
-  }
-
-  // Bytes of the layer matrices and the classifier.
-  [[nodiscard]] std::size_t matrix_bytes() const noexcept {
-    std::size_t const layer = 2 * dim_ * dim_ + 2 * kv_dim_ * dim_ + 3 * hidden_dim_ * dim_;
-    return (n_layers_ * layer + vocab_ * dim_) * sizeof(float);
-  }
-
-  // Repacks every matrix for the small-model kernels.
-  void pack() {
-    namespace k = detail::cpu;
-    llama_weights const& w = *weights_;
-    packed_.reserve(n_layers_);
-    for (llama_layer_weights const& lw : w.layers) {
-      packed_.push_back(
-          {k::packed_matrix({{lw.wq, dim_}, {lw.wk, kv_dim_}, {lw.wv, kv_dim_}}, dim_),
-           k::packed_matrix({{lw.wo, dim_}}, dim_),
-           k::packed_matrix::pairs(lw.w1, lw.w3, hidden_dim_, dim_),
-           k::packed_matrix({{lw.w2, dim_}}, hidden_dim_)});
-    }
-    packed_classifier_ = k::packed_matrix({{w.classifier, vocab_}}, dim_);
   }
 
   // Grows the per-batch buffers to `n` rows (allocates; never called once large enough).
@@ -535,7 +500,7 @@ class cpu_llama {
     }
     float* const logits = out.logits.data();
     if (packed()) {
-      packed_product<k::panel_op::store>(packed_classifier_, rows, dim_, m, logits, vocab_);
+      packed_product<k::panel_op::store>(packed_.classifier, rows, dim_, m, logits, vocab_);
       return;
     }
     pool_->split_rows(vocab_, k::tile_rows, vocab_ * dim_ * m, [&](std::size_t r0, std::size_t r1) {
@@ -588,6 +553,7 @@ class cpu_llama {
     q_base_ = q_.data();
     q_ld_ = dim_;
     attention(l, n);
+    score_cache(l);
 
     // Output projection, added to the residual stream.
     pool_->split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
@@ -618,7 +584,7 @@ class cpu_llama {
   // copy of k and v into the cache rows; gate and up in one product with SwiGLU applied.
   void layer_packed(std::size_t l, std::size_t n) noexcept {
     namespace k = detail::cpu;
-    packed_layer const& pl = packed_[l];
+    detail::cpu::packed_llama::layer const& pl = packed_.layers[l];
     llama_layer_weights const& lw = weights_->layers[l];
     float const eps = weights_->config.rms_eps;
     std::size_t const ld = dim_ + 2 * kv_dim_;
@@ -640,6 +606,7 @@ class cpu_llama {
     q_base_ = qkv_.data();
     q_ld_ = ld;
     attention(l, n);
+    score_cache(l);
 
     packed_product<k::panel_op::add>(pl.wo, att_.data(), dim_, n, x_.data(), dim_);
     for (std::size_t t = 0; t < n; ++t)
@@ -707,7 +674,8 @@ class cpu_llama {
     float* const scores = scores_.data() + thread * scores_per_thread_;
     k::row_run* const runs = runs_.data() + thread * runs_room_;
     std::size_t length = 0;
-    std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length);
+    std::size_t const n_runs =
+        k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length, l * n_kv_heads_ + g);
     bool const compacted = n_runs > 1 || runs[0].row != 0;  // the sequence is not [0, length)
     // Blocks [0, from) of the sequence are cache rows at their own index (the shared transposed
     // values); the others are gathered and transposed here.
@@ -751,13 +719,45 @@ class cpu_llama {
     float const* const vc = sg.sequence->cache_.values(l);
     float* const scores = scores_.data() + thread * scores_per_thread_;
     k::row_run* const runs = runs_.data() + thread * runs_room_;
-    std::size_t length = 0;
-    std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length);
-    std::size_t const h0 = group * heads_per_task_;
-    std::size_t const h1 = std::min(n_heads_, h0 + heads_per_task_);
-    k::attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, n_heads_ / n_kv_heads_, h0,
-                    h1, sg.past + visible_end_[t], runs, n_runs, length, scores, score_stride_,
-                    att_.data() + t * dim_);
+    std::size_t const h1 = std::min(n_heads_, (group + 1) * heads_per_task_);
+    std::size_t const per_kv = n_heads_ / n_kv_heads_;
+    bool const by_head = !sg.req->view.positions.empty();  // the view lists positions per kv head
+    for (std::size_t a = group * heads_per_task_, b = 0; a < h1; a = b) {
+      b = by_head ? std::min(h1, (a / per_kv + 1) * per_kv) : h1;
+      std::size_t length = 0;
+      std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length,
+                                                     l * n_kv_heads_ + a / per_kv);
+      k::attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, per_kv, a, b,
+                      sg.past + visible_end_[t], runs, n_runs, length, scores, score_stride_,
+                      att_.data() + t * dim_);
+    }
+  }
+
+  // Adds layer l's attention statistics to kv_scores_ when a (one-segment) forward asks for them
+  // (forward_request::kv_scores): per kv head, over its query heads and the last rows.
+  void score_cache(std::size_t l) noexcept {
+    if (kv_scores_ == nullptr) return;
+    namespace k = detail::cpu;
+    segment const& sg = segs_[0];
+    kv_scores_request const want = sg.req->kv_scores;
+    std::size_t const n = sg.req->tokens.size(), per_kv = n_heads_ / n_kv_heads_;
+    std::size_t const work = want.rows * n_heads_ * (sg.past + n) * head_size_ * 2;
+    pool_->split_tasks(n_kv_heads_, work, [&](std::size_t thread, std::size_t g0, std::size_t g1) {
+      float* const s = scores_.data() + thread * scores_per_thread_;
+      k::row_run* const runs = runs_.data() + thread * runs_room_;
+      for (std::size_t g = g0; g < g1; ++g) {
+        for (std::size_t t = n - want.rows; t < n; ++t) {
+          std::size_t length = 0;
+          std::size_t const n_runs =
+              k::virtual_sequence(t, *sg.req, sg.past, runs, length, l * n_kv_heads_ + g);
+          for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
+            k::add_cache_scores(q_base_ + (sg.first + t) * q_ld_ + h * head_size_,
+                                sg.sequence->cache_.keys(l) + g * head_size_, kv_dim_, head_size_,
+                                runs, n_runs, length, sg.past, want.kind, s,
+                                kv_scores_ + (l * n_kv_heads_ + g) * sg.past);
+        }
+      }
+    });
   }
 
   std::shared_ptr<llama_weights const> weights_;
@@ -771,12 +771,12 @@ class cpu_llama {
   std::size_t heads_per_task_ = 1;     // heads of one attention task (any head size)
   std::size_t scores_per_thread_ = 0;  // floats of score rows per thread
   float const* q_base_ = nullptr;      // the current layer's queries, rows q_ld_ apart
+  float* kv_scores_ = nullptr;         // the forward's kv_scores when it asks for them
   std::size_t q_ld_ = 0;
-  std::vector<packed_layer> packed_;              // [n_layers] or empty (weights used in place)
-  detail::cpu::packed_matrix packed_classifier_;  // [vocab, dim] when packed
-  std::vector<float> rope_;                       // [rows, head_size]: (cos, sin) per pair
-  std::vector<float> scores_;    // [threads, heads_per_task, lcap] attention scratch
-  std::size_t tail_blocks_ = 0;  // blocks of a gathered sequence tail per kv head
+  detail::cpu::packed_llama packed_;  // the repacked matrices (small models), else empty
+  std::vector<float> rope_;           // [rows, head_size]: (cos, sin) per pair
+  std::vector<float> scores_;         // [threads, heads_per_task, lcap] attention scratch
+  std::size_t tail_blocks_ = 0;       // blocks of a gathered sequence tail per kv head
   std::size_t runs_room_ = 0, tail_rows_room_ = 0;  // per thread: room of runs_, tail_rows_
   std::vector<float> tail_;                         // [threads, tail_blocks, 128] gathered values
   std::vector<std::size_t> tail_rows_;      // [threads, tail_rows_room_] rows of a sequence tail

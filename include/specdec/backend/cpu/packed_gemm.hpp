@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "specdec/backend/cpu/aligned_floats.hpp"
 #include "specdec/backend/cpu/gemm.hpp"
 #include "specdec/detail/simd_registers.hpp"
+#include "specdec/model/llama_weights.hpp"
 
 namespace specdec::detail::cpu {
 
@@ -209,5 +211,44 @@ inline void packed_gemm(packed_matrix const& w, std::size_t v0, std::size_t v1, 
     v += m;
   }
 }
+
+//! A Llama model's matrices repacked for `packed_gemm` (what `cpu_llama` runs small models on).
+struct packed_llama {
+  //! One layer's matrices.
+  struct layer {
+    packed_matrix qkv;  //!< [dim + 2 kv_dim, dim]: wq, wk, wv
+    packed_matrix wo;   //!< [dim, dim]
+    packed_matrix w13;  //!< gate (w1) and up (w3) pairs, [hidden_dim, dim] each
+    packed_matrix w2;   //!< [dim, hidden_dim]
+  };
+  std::vector<layer> layers;  //!< [n_layers], or empty when not packed
+  packed_matrix classifier;   //!< [vocab, dim]
+
+  //! Bytes of the layer matrices and the classifier of a model of configuration `c`.
+  [[nodiscard]] static std::size_t bytes(llama_config const& c) noexcept {
+    auto const d = static_cast<std::size_t>(c.dim), kv = static_cast<std::size_t>(c.kv_dim());
+    std::size_t const layer =
+        2 * d * d + 2 * kv * d + 3 * static_cast<std::size_t>(c.hidden_dim) * d;
+    return (static_cast<std::size_t>(c.n_layers) * layer +
+            static_cast<std::size_t>(c.vocab_size) * d) *
+           sizeof(float);
+  }
+
+  //! Repacks every matrix of `w` (complete: `detail::check_complete`).
+  [[nodiscard]] static packed_llama pack(llama_weights const& w) {
+    auto const d = static_cast<std::size_t>(w.config.dim),
+               kv = static_cast<std::size_t>(w.config.kv_dim());
+    auto const hd = static_cast<std::size_t>(w.config.hidden_dim);
+    packed_llama p;
+    p.layers.reserve(w.layers.size());
+    for (llama_layer_weights const& lw : w.layers)
+      p.layers.push_back({packed_matrix({{lw.wq, d}, {lw.wk, kv}, {lw.wv, kv}}, d),
+                          packed_matrix({{lw.wo, d}}, d), packed_matrix::pairs(lw.w1, lw.w3, hd, d),
+                          packed_matrix({{lw.w2, d}}, hd)});
+    p.classifier =
+        packed_matrix({{w.classifier, static_cast<std::size_t>(w.config.vocab_size)}}, d);
+    return p;
+  }
+};
 
 }  // namespace specdec::detail::cpu

@@ -347,8 +347,8 @@ class cuda_llama {
   // The checks of one request against the cache it is scored with.
   void check_request(forward_request const& req, cuda_kv_cache const& cache) const {
     req.validate(vocab_size(), max_context_, static_cast<std::size_t>(config_.n_layers));
-    SPECDEC_CHECK(req.view.empty(), invalid_argument,
-                  "cuda_llama::forward: forward_request::view is not implemented on the device");
+    SPECDEC_CHECK(req.view.empty() && req.kv_scores.kind == kv_score_kind::none, invalid_argument,
+                  "cuda_llama::forward: no forward_request::view or kv_scores on the device yet");
     std::size_t const n = req.tokens.size();
     std::size_t const start = cache.size();
     SPECDEC_CHECK(n <= cache.capacity() - start, context_overflow, "cuda_llama::forward: ", n,
