@@ -100,6 +100,41 @@ TEST_CASE("fixture: greedy decoding reproduces the reference ids with every prop
     CHECK(s.accepted > s.drafted / 4);
     CHECK(s.accepted < s.drafted);
   }
+  SUBCASE("sparse KV: SnapKV and retrieval views selected from a long prompt") {
+    // The first 100 reference tokens join the prompt, so that the view is selected from it (per
+    // layer and kv head); the 152 generated tokens roll the window far past the budget.
+    std::vector<sd::token_id> long_prompt = prompt;
+    long_prompt.insert(long_prompt.end(), expected.begin(), expected.begin() + 100);
+    std::vector<sd::token_id> const rest(expected.begin() + 100, expected.end());
+    for (sd::kv_policy const policy : {sd::kv_policy::snapkv, sd::kv_policy::retrieval}) {
+      CAPTURE(static_cast<int>(policy));
+      sd::sparse_kv_proposer<sd::greedy> small({.policy = policy, .budget = 48, .window = 16},
+                                               sd::greedy{});
+      auto const s = check_greedy(target, small, sd::greedy_verifier{}, long_prompt, rest);
+      CHECK(s.accepted > s.drafted / 4);
+      CHECK(s.accepted < s.drafted);
+      // A selection of 32 positions per layer and kv head (5 x 4 of stories260K), lists that
+      // differ between heads.
+      sd::kv_view const view = small.view();
+      CHECK(view.per_head == 32);
+      REQUIRE(view.positions.size() == 5 * 4 * 32);
+      CHECK(view.sinks == 0);
+      CHECK(view.window == 16);
+      std::size_t differ = 0;
+      for (std::size_t i = 1; i < 20; ++i)
+        differ += std::equal(view.positions.begin(), view.positions.begin() + 32,
+                             view.positions.begin() + static_cast<std::ptrdiff_t>(32 * i))
+                      ? 0
+                      : 1;
+      CHECK(differ > 0);
+      // Whole: every draft accepted.
+      sd::sparse_kv_proposer<sd::greedy> whole({.policy = policy, .budget = 1024, .window = 16},
+                                               sd::greedy{});
+      auto const all = check_greedy(target, whole, sd::greedy_verifier{}, long_prompt, rest);
+      CHECK(all.accepted == all.drafted);
+      CHECK(whole.view().positions.empty());
+    }
+  }
   SUBCASE("the fixture itself as a draft model (every draft accepted)") {
     sd::cpu_llama draft(weights, one_thread());
     sd::draft_model_proposer p(draft, target, sd::greedy{}, {.k = 5});

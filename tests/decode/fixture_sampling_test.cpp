@@ -108,6 +108,34 @@ TEST_CASE("fixture: sampled speculative decoding matches autoregressive sampling
   }
 }
 
+TEST_CASE(
+    "fixture: sparse KV views selected per head under sampling match autoregressive "
+    "sampling (chi-square)") {
+  auto const weights = fixture::stories260k();
+  // 15 tokens ("Once upon a time, there was a little girl, there was a"): long enough that the
+  // view is selected from them (SnapKV observes the last 2 prompt tokens, retrieval the root).
+  std::vector<sd::token_id> const prompt{1,   403, 407, 261, 378, 432, 383, 286,
+                                         261, 376, 298, 432, 383, 286, 261};
+  static auto const joint = exact_joint(weights, prompt);
+  sd::cpu_llama target(weights, one_thread());
+  for (sd::kv_policy const policy : {sd::kv_policy::snapkv, sd::kv_policy::retrieval}) {
+    CAPTURE(static_cast<int>(policy));
+    // 4 positions selected of the 12 before the 2-position window: SnapKV's best pooled ones,
+    // or 2 chunks of 2 of 6 (retrieval, chunk 0 among them).
+    sd::sparse_kv_proposer<sd::sampler, sd::draft_mode::sample> p(
+        {.policy = policy, .budget = 6, .window = 2, .pool = 3, .chunk = 2, .draft = {.k = 3}},
+        target_policy());
+    sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, target_policy(),
+                                two_tokens());
+    sd::request_stats s;
+    check_counts(sample_pairs(dec, prompt, &s), joint, trials,
+                 policy == sd::kv_policy::snapkv ? "sparse KV, SnapKV" : "sparse KV, retrieval");
+    CHECK(p.view().per_head == 4);  // a selection was made
+    CHECK(s.accepted > s.drafted / 4);
+    CHECK(s.accepted < s.drafted);  // and it drafts other tokens than the target would
+  }
+}
+
 TEST_CASE("fixture: prompt lookup trees under sampling match autoregressive sampling") {
   auto const weights = fixture::stories260k();
   // "Once upon a time, there was a little girl, there was a": with unigrams only, "a" matches

@@ -153,6 +153,19 @@ TEST_CASE("batch_decoder serves sparse-KV self-speculation as it decodes alone")
   check_batch_equals_alone<sparse_kv>("sparse-kv", [] {
     return sparse_kv(sd::sparse_kv_config{.sinks = 4, .budget = 24}, policy_of(0.0f));
   });
+  // Views selected per layer and kv head from the prompts (10-16 tokens: 6 positions chosen of
+  // those before a window of 2), each request its own.
+  check_batch_equals_alone<sparse_kv>("sparse-kv, snapkv", [] {
+    return sparse_kv(
+        sd::sparse_kv_config{.policy = sd::kv_policy::snapkv, .budget = 8, .window = 2, .pool = 3},
+        policy_of(0.0f));
+  });
+  check_batch_equals_alone<sparse_kv>("sparse-kv, retrieval", [] {
+    return sparse_kv(
+        sd::sparse_kv_config{
+            .policy = sd::kv_policy::retrieval, .budget = 8, .window = 2, .chunk = 2},
+        policy_of(0.0f));
+  });
 }
 
 TEST_CASE("owning_proposer refuses a null runner") {

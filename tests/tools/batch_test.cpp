@@ -136,6 +136,7 @@ TEST_CASE("generate --prompts: every strategy serves a batch as it runs alone") 
       {"--strategy", "jacobi"},
       {"--strategy", "layer-skip", "--skip-layers", "2"},
       {"--strategy", "sparse-kv", "--sinks", "4", "--budget", "24"},
+      {"--strategy", "sparse-kv", "--kv-policy", "snapkv", "--kv-budget", "8", "--kv-window", "2"},
       {"--strategy", "draft", "--draft",
        test_support::source_file("tools/draft/stories_draft.bin").string()}};
   for (auto const& strategy : strategies) {

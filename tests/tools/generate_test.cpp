@@ -225,6 +225,9 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
       {"--strategy", "layer-skip", "--skip-layers", "1,3", "--confidence", "0.2"},
       {"--strategy", "sparse-kv"},
       {"--strategy", "sparse-kv", "--sinks", "4", "--budget", "20", "--fixed-k", "-k", "3"},
+      {"--strategy", "sparse-kv", "--kv-policy", "snapkv", "--kv-budget", "8", "--kv-window", "2"},
+      {"--strategy", "sparse-kv", "--kv-policy", "retrieval", "--kv-budget", "12", "--kv-window",
+       "2"},
       {"--strategy", "lookahead"},
       {"--strategy", "lookahead", "--lookahead-window", "3", "--lookahead-ngram", "3"},
       {"--strategy", "jacobi", "-k", "5"},
@@ -428,7 +431,16 @@ TEST_CASE("generate: command-line errors exit 2 with one line") {
   check_error(with({"--strategy", "layer-skip", "--adaptive"}), 2,
               "--adaptive applies to --strategy draft only (not layer-skip)");
   check_error(with({"--strategy", "sparse-kv", "--sinks", "8", "--budget", "8"}), 2,
-              "--budget 8 must exceed --sinks 8");
+              "--kv-budget 8 must exceed --sinks 8");
+  check_error(with({"--strategy", "sparse-kv", "--kv-policy", "h2o"}), 2,
+              "--kv-policy 'h2o' is none of streaming, snapkv, retrieval");
+  check_error(with({"--strategy", "sparse-kv", "--kv-policy", "snapkv", "--sinks", "4"}), 2,
+              "--sinks needs --kv-policy streaming");
+  check_error(with({"--strategy", "sparse-kv", "--kv-window", "4"}), 2,
+              "--kv-window needs --kv-policy snapkv or retrieval");
+  check_error(with({"--strategy", "sparse-kv", "--kv-policy", "retrieval", "--kv-budget", "20",
+                    "--kv-window", "16"}),
+              2, "--kv-budget 20 must be at least 24");
   check_error(with({"--strategy", "sparse-kv", "--fixed-k", "--k-max", "8"}), 2,
               "--k-max does not apply with --fixed-k");
   check_error(with({"--strategy", "autoregressive", "--stop", ""}), 2, "--stop");
@@ -494,8 +506,9 @@ TEST_CASE("generate: --help lists every strategy of the table with its options")
   std::string const& help = r.out;
   for (generate::option_spec const* o : generate::all_options()) {
     CAPTURE(o->flag);
-    CHECK(help.find(std::string(o->flag) + (o->value_name.empty() ? "" : " ")) !=
-          std::string::npos);
+    std::string const names =
+        std::string(o->flag) + (o->alias.empty() ? "" : ", " + std::string(o->alias));
+    CHECK(help.find(names + (o->value_name.empty() ? "" : " ")) != std::string::npos);
   }
   // Each strategy's line (its name and help), then its options before the next strategy's line.
   std::size_t at = help.find("\nstrategy:\n");

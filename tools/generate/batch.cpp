@@ -160,6 +160,22 @@ inline void print_batch_table(std::FILE* f, std::string const& description,
              s.accepted,
              detail::percent(static_cast<double>(s.accepted), static_cast<double>(s.drafted)),
              s.mean_accepted_length()));
+  sd::request_stats depths;  // the requests' acceptance by depth, summed
+  for (served_request const& r : all) {
+    sd::request_stats const& st = r.result.result.stats;
+    auto const add = [](std::vector<std::size_t>& to, std::vector<std::size_t> const& from) {
+      if (to.size() < from.size()) to.resize(from.size(), 0);
+      for (std::size_t d = 0; d < from.size(); ++d) to[d] += from[d];
+    };
+    add(depths.drafted_at_depth, st.drafted_at_depth);
+    add(depths.accepted_at_depth, st.accepted_at_depth);
+  }
+  if (std::vector<double> const by_depth = acceptance_by_depth(depths); !by_depth.empty()) {
+    std::string line;
+    for (std::size_t d = 0; d < by_depth.size(); ++d)
+      line += format("%s%zu: %.0f%%", d == 0 ? "" : "  ", d + 1, 100.0 * by_depth[d]);
+    row(f, "acceptance by depth", line);
+  }
   row(f, "time shares",
       format("forward %.1f%%  propose %.1f%%  other %.1f%%",
              detail::percent(s.forward_seconds, s.seconds),

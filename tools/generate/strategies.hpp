@@ -295,24 +295,49 @@ inline constexpr option_spec layer_skip_k_max{
     .count_lo = 1,
     .count_hi = 4095,
     .count_default = sd::layer_skip_config{}.draft.k_max};
+//! sparse-kv: which positions the draft's view holds.
+inline constexpr option_spec kv_policy{
+    .flag = "--kv-policy",
+    .value_name = "NAME",
+    .kind = value_kind::text,
+    .help =
+        "the draft's view: 'streaming' (sinks and the latest positions), 'snapkv' (positions "
+        "chosen per layer and kv head by the prompt's last queries' attention, and a window) "
+        "or 'retrieval' (chunks of 8 chosen per layer and kv head by the root's query against "
+        "their mean keys, and a window)",
+    .default_text = "streaming"};
 //! sparse-kv: the attention sinks of the draft's view.
 inline constexpr option_spec kv_sinks{
     .flag = "--sinks",
     .value_name = "N",
     .kind = value_kind::count,
-    .help = "leading cache positions always in the draft's view (attention sinks)",
+    .help = "leading cache positions always in the draft's view (attention sinks; streaming)",
     .count_lo = 0,
     .count_hi = std::uint64_t{1} << 24,
     .count_default = sd::sparse_kv_config{}.sinks};
 //! sparse-kv: the positions of the draft's view in all.
 inline constexpr option_spec kv_budget{
-    .flag = "--budget",
+    .flag = "--kv-budget",
+    .alias = "--budget",
     .value_name = "N",
     .kind = value_kind::count,
-    .help = "cache positions in the draft's view: the sinks and the most recent ones (> --sinks)",
+    .help =
+        "cache positions in the draft's view in all: the sinks or the selection, and the most "
+        "recent ones (> --sinks, > --kv-window)",
     .count_lo = 1,
     .count_hi = std::uint64_t{1} << 24,
     .count_default = sd::sparse_kv_config{}.budget};
+//! sparse-kv: the window of a selecting view.
+inline constexpr option_spec kv_window{
+    .flag = "--kv-window",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help =
+        "the latest positions in the draft's view beside the selection (snapkv, retrieval; "
+        "snapkv's observation window too)",
+    .count_lo = 1,
+    .count_hi = std::uint64_t{1} << 24,
+    .count_default = sd::sparse_kv_config{}.window};
 //! jacobi: the block's length (default: the library's, `jacobi_config`).
 inline constexpr option_spec jacobi_block{.flag = "-k",
                                           .value_name = "N",
@@ -539,12 +564,37 @@ inline void check_layer_skip_chain(option_values const& v) {
                       " is below -k " + std::to_string(v.count(opt::layer_skip_k)));
 }
 
-//! sparse-kv: the chain's options, and a budget above the sinks.
+//! sparse-kv: the policy named by --kv-policy.
+inline sd::kv_policy kv_policy_of(option_values const& v) {
+  std::string const name = v.text(opt::kv_policy).value_or("streaming");
+  if (name == "streaming") return sd::kv_policy::streaming;
+  if (name == "snapkv") return sd::kv_policy::snapkv;
+  if (name == "retrieval") return sd::kv_policy::retrieval;
+  throw usage_error("--kv-policy '" + name + "' is none of streaming, snapkv, retrieval");
+}
+
+//! sparse-kv: the chain's options, a known policy with its own options only, and a budget above
+//! the sinks or the window (holding a chunk of the selection for retrieval).
 inline void check_sparse_kv(option_values const& v) {
   check_layer_skip_chain(v);
-  if (v.count(opt::kv_budget) <= v.count(opt::kv_sinks))
-    throw usage_error("--budget " + std::to_string(v.count(opt::kv_budget)) +
-                      " must exceed --sinks " + std::to_string(v.count(opt::kv_sinks)));
+  sd::kv_policy const policy = kv_policy_of(v);
+  std::string const budget = "--kv-budget " + std::to_string(v.count(opt::kv_budget));
+  if (policy == sd::kv_policy::streaming) {
+    if (v.given(opt::kv_window))
+      throw usage_error("--kv-window needs --kv-policy snapkv or retrieval");
+    if (v.count(opt::kv_budget) <= v.count(opt::kv_sinks))
+      throw usage_error(budget + " must exceed --sinks " + std::to_string(v.count(opt::kv_sinks)));
+    return;
+  }
+  if (v.given(opt::kv_sinks)) throw usage_error("--sinks needs --kv-policy streaming");
+  std::uint64_t const least =
+      v.count(opt::kv_window) +
+      (policy == sd::kv_policy::retrieval ? sd::sparse_kv_config{}.chunk : 1);
+  if (v.count(opt::kv_budget) < least)
+    throw usage_error(
+        budget + " must be at least " + std::to_string(least) + " (--kv-window " +
+        std::to_string(v.count(opt::kv_window)) +
+        (policy == sd::kv_policy::retrieval ? " and a chunk of 8)" : " and one more)"));
 }
 
 //! prompt-lookup, rest: the shortest n-gram is at most the longest.
@@ -659,15 +709,23 @@ run_output run_layer_skip(session& s);
 //! sparse-kv: the target over a view of its cache (sinks and a recent window) drafts a chain.
 //! The configuration from --sinks, --budget and the chain's options.
 inline sd::sparse_kv_config sparse_kv_config_of(option_values const& v) {
-  return {.sinks = static_cast<std::size_t>(v.count(opt::kv_sinks)),
+  return {.policy = kv_policy_of(v),
+          .sinks = static_cast<std::size_t>(v.count(opt::kv_sinks)),
           .budget = static_cast<std::size_t>(v.count(opt::kv_budget)),
+          .window = static_cast<std::size_t>(v.count(opt::kv_window)),
           .draft = layer_skip_chain(v)};
 }
 
-//! "sparse KV (16 sinks, budget 512), adaptive k from 4 in [1, 8]".
+//! "sparse KV (16 sinks, budget 512), adaptive k from 4 in [1, 8]"; "sparse KV (snapkv, budget
+//! 128, window 32), ...".
 inline std::string sparse_kv_description(sd::sparse_kv_config const& c) {
-  return "sparse KV (" + std::to_string(c.sinks) + " sinks, budget " + std::to_string(c.budget) +
-         "), " + chain_description(c.draft);
+  std::string const view =
+      c.policy == sd::kv_policy::streaming
+          ? std::to_string(c.sinks) + " sinks"
+          : std::string(c.policy == sd::kv_policy::snapkv ? "snapkv" : "retrieval") + ", window " +
+                std::to_string(c.window);
+  return "sparse KV (" + view + ", budget " + std::to_string(c.budget) + "), " +
+         chain_description(c.draft);
 }
 
 run_output run_sparse_kv(session& s);
@@ -896,9 +954,9 @@ inline constexpr option_spec const* draft[] = {
     &opt::confidence,  &opt::draft_threads, &opt::draft_context};
 inline constexpr option_spec const* layer_skip[] = {
     &opt::skip_layers, &opt::layer_skip_k, &opt::fixed_k, &opt::layer_skip_k_max, &opt::confidence};
-inline constexpr option_spec const* sparse_kv[] = {&opt::kv_sinks,         &opt::kv_budget,
-                                                   &opt::layer_skip_k,     &opt::fixed_k,
-                                                   &opt::layer_skip_k_max, &opt::confidence};
+inline constexpr option_spec const* sparse_kv[] = {
+    &opt::kv_policy,    &opt::kv_budget, &opt::kv_sinks,         &opt::kv_window,
+    &opt::layer_skip_k, &opt::fixed_k,   &opt::layer_skip_k_max, &opt::confidence};
 inline constexpr option_spec const* prompt_lookup[] = {&opt::lookup_depth, &opt::lookup_branches,
                                                        &opt::lookup_ngram, &opt::lookup_ngram_min};
 inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth, &opt::rest_nodes,
@@ -935,8 +993,8 @@ inline constexpr strategy strategies[] = {
      .check = check_layer_skip_chain,
      .run = run_layer_skip},
     {.name = "sparse-kv",
-     .help = "the target over a view of its cache (attention sinks and a recent window) drafts "
-             "a chain (MagicDec's StreamingLLM self-speculation)",
+     .help = "the target over a bounded view of its own cache drafts a chain (MagicDec's and "
+             "TriForce's self-speculation: StreamingLLM, SnapKV or chunk retrieval views)",
      .options = strategy_options::sparse_kv,
      .check = check_sparse_kv,
      .run = run_sparse_kv},

@@ -232,12 +232,15 @@ class chain_sequence {
 };
 
 //! What a chain drafter's forwards ask of its model besides the tokens: layers to skip
-//! (`forward_request::skip_layers`, ascending) and a view of the cache of `sinks` leading positions
-//! and the last `window` (`forward_request::view`; the whole cache when both are 0).
+//! (`forward_request::skip_layers`, ascending) and a view of the cache of `sinks` leading
+//! positions, `per_head` positions listed per layer and kv head (`positions`) and the last
+//! `window` (`forward_request::view`; the whole cache when nothing is selected).
 struct draft_variant {
   std::vector<std::int32_t> skip_layers = {};
   std::size_t sinks = 0;
   std::size_t window = 0;
+  std::vector<std::int32_t> positions = {};  //!< [layers, kv_heads, per_head], or empty
+  std::size_t per_head = 0;
 };
 
 //! The drafting shared by `draft_model_proposer`, `layer_skip_proposer` and `sparse_kv_proposer`:
@@ -328,6 +331,8 @@ class chain_drafter {
   }
   //! What every draft forward asks besides its tokens.
   [[nodiscard]] draft_variant const& variant() const noexcept { return variant_; }
+  //! The same, for the owner to change between steps (a view selected once the prompt is seen).
+  [[nodiscard]] draft_variant& variant() noexcept { return variant_; }
 
  private:
   // After a step: k grows after a step whose drafts were all accepted, shrinks after a rejection.
@@ -353,7 +358,10 @@ class chain_drafter {
                               .positions = positions_,
                               .logits_rows = std::span<std::int32_t const>(&last, 1),
                               .skip_layers = variant_.skip_layers,
-                              .view = {.sinks = variant_.sinks, .window = variant_.window}};
+                              .view = {.sinks = variant_.sinks,
+                                       .window = variant_.window,
+                                       .positions = variant_.positions,
+                                       .per_head = variant_.per_head}};
     model.forward(req, fwd_);
     seq_.fed(tokens);
   }
