@@ -208,6 +208,9 @@ TEST_CASE("sparse_kv_proposer: a target without attention statistics is refused"
   CHECK(test_support::expect_error([&] { p.propose(ctx, tree); }, sd::errc::invalid_argument)
             .find("no attention statistics") != std::string::npos);
   CHECK(target.cache().size() == 59);
+  // Drafting again fails again: no draft over a view that was never selected.
+  test_support::expect_error([&] { p.propose(ctx, tree); }, sd::errc::invalid_argument);
+  CHECK(target.cache().size() == 59);
 }
 
 TEST_CASE("sparse_kv_config: out-of-domain fields are refused") {

@@ -234,13 +234,15 @@ class sparse_kv_proposer {
     bool const snap = config_.policy == kv_policy::snapkv;
     std::size_t const chunks = keep / config_.chunk;
     v = {.sinks = keep, .window = config_.window};  // all of the cache while it fits the budget
-    selected_ = true;
     // SnapKV observes the last `window` prompt tokens again over the cache before them (the
     // prefill's attention; fewer where the cache has no room for them), retrieval the root's
     // query over the whole cache.
     std::size_t const room = target.capacity() - std::min(target.capacity(), committed);
     std::size_t const rows = std::min(snap ? config_.window : 1, room);
-    if (rows == 0 || (snap ? horizon <= keep : horizon / config_.chunk <= chunks)) return;
+    if (rows == 0 || (snap ? horizon <= keep : horizon / config_.chunk <= chunks)) {
+      selected_ = true;
+      return;
+    }
     std::span<token_id const> const fed = tokens.last(rows);
     positions_.resize(rows);
     std::iota(positions_.begin(), positions_.end(), static_cast<position_t>(tokens.size() - rows));
@@ -268,6 +270,7 @@ class sparse_kv_proposer {
       v.per_head = chunks * config_.chunk;
     }
     v.sinks = 0;
+    selected_ = true;  // not before: a request whose selection failed fails again, not silently
   }
 
   sparse_kv_config config_;
