@@ -96,6 +96,27 @@ struct sparse_kv_config {
   }
 };
 
+namespace detail {
+
+//! Writes into `order` [0, count) the indices of `key` with the largest values, ties to the
+//! earlier index, in ascending order; the first `fixed` indices are always among them
+//! (fixed <= count <= key.size()). `order` holds key.size() indices after the call.
+inline void best_ascending(std::span<float const> key, std::size_t fixed, std::size_t count,
+                           std::vector<std::int32_t>& order) {
+  order.resize(key.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin() + static_cast<std::ptrdiff_t>(fixed),
+                    order.begin() + static_cast<std::ptrdiff_t>(count), order.end(),
+                    [&](std::int32_t a, std::int32_t b) {
+                      float const ka = key[static_cast<std::size_t>(a)];
+                      float const kb = key[static_cast<std::size_t>(b)];
+                      return ka > kb || (ka == kb && a < b);
+                    });
+  std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(count));
+}
+
+}  // namespace detail
+
 //! SnapKV's selection: for each of the lists of `scores` (list i at `scores[i * stride]`, one per
 //! layer and kv head, the attention weights of cache positions), the `keep` positions of
 //! [0, horizon) with the largest pooled score -- the sum of the scores of the `pool` positions
@@ -106,7 +127,7 @@ inline void snapkv_select(std::span<float const> scores, std::size_t stride, std
                           std::size_t keep, std::size_t pool, std::vector<std::int32_t>& out) {
   std::size_t const lists = stride == 0 ? 0 : scores.size() / stride;
   std::vector<float> pooled(horizon);
-  std::vector<std::int32_t> order(horizon);
+  std::vector<std::int32_t> order;
   out.resize(lists * keep);
   std::size_t const half = pool / 2;
   for (std::size_t i = 0; i < lists; ++i) {
@@ -116,15 +137,7 @@ inline void snapkv_select(std::span<float const> scores, std::size_t stride, std
       for (std::size_t a = j < half ? 0 : j - half; a <= j + half && a < horizon; ++a) sum += s[a];
       pooled[j] = sum;
     }
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(
-        order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
-        [&](std::int32_t a, std::int32_t b) {
-          return pooled[static_cast<std::size_t>(a)] > pooled[static_cast<std::size_t>(b)] ||
-                 (pooled[static_cast<std::size_t>(a)] == pooled[static_cast<std::size_t>(b)] &&
-                  a < b);
-        });
-    std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep));
+    detail::best_ascending(pooled, 0, keep, order);
     std::copy_n(order.begin(), keep, out.begin() + static_cast<std::ptrdiff_t>(i * keep));
   }
 }
@@ -141,7 +154,7 @@ inline void retrieval_select(std::span<float const> logits, std::size_t stride, 
   std::size_t const lists = stride == 0 ? 0 : logits.size() / stride;
   std::size_t const total = horizon / chunk;
   std::vector<float> mean(total);
-  std::vector<std::int32_t> order(total);
+  std::vector<std::int32_t> order;
   out.resize(lists * chunks * chunk);
   for (std::size_t i = 0; i < lists; ++i) {
     float const* const s = logits.data() + i * stride;
@@ -150,14 +163,7 @@ inline void retrieval_select(std::span<float const> logits, std::size_t stride, 
       for (std::size_t j = c * chunk; j < (c + 1) * chunk; ++j) sum += s[j];
       mean[c] = sum / static_cast<float>(chunk);
     }
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(
-        order.begin() + 1, order.begin() + static_cast<std::ptrdiff_t>(chunks), order.end(),
-        [&](std::int32_t a, std::int32_t b) {
-          return mean[static_cast<std::size_t>(a)] > mean[static_cast<std::size_t>(b)] ||
-                 (mean[static_cast<std::size_t>(a)] == mean[static_cast<std::size_t>(b)] && a < b);
-        });
-    std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(chunks));
+    detail::best_ascending(mean, 1, chunks, order);
     std::int32_t* at = out.data() + i * chunks * chunk;
     for (std::size_t c = 0; c < chunks; ++c)
       for (std::size_t j = 0; j < chunk; ++j)

@@ -451,7 +451,8 @@ inline void compact_scores(float* s, row_run const* runs, std::size_t n_runs) no
 //! Adds to `out[row]`, for each cache row below `past` in the virtual sequence `runs` (`length`
 //! rows), what `kind` names for query `q` [hs] against the keys `k` (kv head's first float, rows
 //! `ldk` apart): its softmax weight over the whole sequence, or its scaled logit
-//! (`forward_request::kv_scores`). `s` is scratch of `length` floats.
+//! (`forward_request::kv_scores`), the weight computed as attention computes it (`softmax_rows`).
+//! `s` is scratch of round_up(length, simd::width) floats.
 inline void add_cache_scores(float const* q, float const* k, std::size_t ldk, std::size_t hs,
                              row_run const* runs, std::size_t n_runs, std::size_t length,
                              std::size_t past, kv_score_kind kind, float* s, float* out) noexcept {
@@ -461,10 +462,9 @@ inline void add_cache_scores(float const* q, float const* k, std::size_t ldk, st
   float inv = 1.0f;
   if (kind == kv_score_kind::probability) {
     float const top = row_max(s, length);
-    double sum = 0;
-    for (std::size_t i = 0; i < length; ++i)
-      sum += static_cast<double>(s[i] = std::exp(s[i] - top));
-    inv = static_cast<float>(1.0 / sum);
+    float sum = 0.0f;
+    softmax_rows<1>(s, 0, length, &top, &sum);
+    inv = 1.0f / sum;
   }
   for (std::size_t r = 0, at = 0; r < n_runs; at += runs[r].count, ++r)
     for (std::size_t c = 0; c < runs[r].count && runs[r].row + c < past; ++c)
@@ -489,7 +489,7 @@ inline void attend_heads(float const* q, float const* kc, float const* vc, std::
   // compacted: the same bits either way (every row is scored alike), the cost of what is seen.
   bool const by_runs = 2 * length < end;
   float const scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  float top[max_value_accumulators];
+  float top[max_value_accumulators] = {};  // set for [0, h1 - h0) below
   for (std::size_t h = h0; h < h1; ++h) {
     float* const s = scores + (h - h0) * stride;
     float const* const k = kc + (h / per_kv) * hs;
