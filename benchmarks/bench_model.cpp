@@ -31,9 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "specdec/backend/cpu/gemm.hpp"
+#include "specdec/backend/cpu/kernels.hpp"
 #include "specdec/backend/cpu/llama.hpp"
-#include "specdec/backend/cpu/packed_gemm.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/model/load.hpp"
@@ -162,27 +161,23 @@ model_under_test& get_model(std::string const& name, std::size_t const ctx = ben
 // The yardstick: sums every streamed tensor, each split across the pool's threads like the
 // forward's matrix products. Returns the sum (kept so the reads are not optimised away).
 float stream_read(sd::thread_pool& pool, std::vector<std::span<float const>> const& tensors) {
-  namespace k = sd::detail::cpu;
   std::vector<float> partial(pool.size() * 16, 0.0f);  // one cache line per thread
   for (auto const s : tensors) {
     pool.run([&](std::size_t t) {
+      // 16 independent sums (vectorised by the compiler whatever the target: the read, not the
+      // arithmetic, bounds it), prefetched ahead as the forward's kernels do.
+      constexpr std::size_t lanes = 16, ahead = 4096;
       std::size_t const threads = pool.size();
-      constexpr std::size_t w = k::simd::width;
       std::size_t const b = s.size() * t / threads, e = s.size() * (t + 1) / threads;
-      typename k::simd::reg acc[4] = {k::simd::zero(), k::simd::zero(), k::simd::zero(),
-                                      k::simd::zero()};
+      float acc[lanes] = {};
       float const* p = s.data();
       std::size_t i = b;
-      for (; i + 4 * w <= e; i += 4 * w) {
-        for (std::size_t j = 0; j < 4; ++j) {
-          k::prefetch(p + i + j * w + k::prefetch_distance);  // as the forward's kernels do
-          acc[j] = k::simd::fma(k::simd::load(p + i + j * w), k::simd::load(p + i + j * w), acc[j]);
-        }
+      for (; i + lanes <= e; i += lanes) {
+        __builtin_prefetch(p + i + ahead, 0, 2);
+        for (std::size_t j = 0; j < lanes; ++j) acc[j] += p[i + j] * p[i + j];
       }
       float total = 0.0f;
-      float sums[4];
-      k::simd::sum4(acc[0], acc[1], acc[2], acc[3], sums);
-      for (float const x : sums) total += x;
+      for (float const x : acc) total += x;
       for (; i < e; ++i) total += p[i];
       partial[t * 16] += total;
     });
@@ -388,6 +383,7 @@ void bm_matmul_vs_eigen(benchmark::State& state, std::string const& name) {
   }
   std::vector<float> x(n * std::max(d, h), 0.01f), y(n * std::max(d, h));
   sd::thread_pool& pool = *m.model->pool();
+  sd::detail::cpu::model_kernels const& kernels = sd::detail::cpu::active_model_kernels();
   auto pass = [&](bool eigen) {
     auto const t0 = clock_type::now();
     for (auto const& p : products)
@@ -396,8 +392,8 @@ void bm_matmul_vs_eigen(benchmark::State& state, std::string const& name) {
           bench::eigen_gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(), p.rows,
                                false);
         else
-          sd::detail::cpu::gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(),
-                                   p.rows, false);
+          kernels.gemm_nt(p.w, p.cols, r0, r1, x.data(), p.cols, n, p.cols, y.data(), p.rows,
+                          false);
       });
     return seconds_since(t0);
   };

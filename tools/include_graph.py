@@ -5,7 +5,7 @@
     python3 tools/include_graph.py --check
 
 Nodes are the library's directories (core, detail, sampling, verify, ...; a nested detail/
-directory is drawn with its parent); an arrow A -> B means some header of A includes a header of
+or kernels/ directory is drawn with its parent); an arrow A -> B means some header of A includes a header of
 B. Layers are drawn bottom-up: a directory sits one row above the highest directory it includes.
 
 --check enforces the layering rules and exits 1 naming every violation:
@@ -36,7 +36,7 @@ def headers():
     out = []
     for dirpath, _, files in os.walk(os.path.join(ROOT, "specdec")):
         for f in files:
-            if f.endswith((".hpp", ".cuh")):
+            if f.endswith((".hpp", ".cuh", ".inl")):
                 out.append(os.path.relpath(os.path.join(dirpath, f), ROOT).replace(os.sep, "/"))
     return sorted(out)
 
@@ -47,10 +47,10 @@ def read(path):
 
 
 def directory(path):
-    """The node of a header: its directory below specdec/, a nested detail/ folded into its parent
-    (the umbrella header is 'specdec.hpp')."""
+    """The node of a header: its directory below specdec/, a nested detail/ or kernels/ (kernel
+    bodies, *.inl) folded into its parent (the umbrella header is 'specdec.hpp')."""
     parts = path.split("/")[1:-1]
-    if parts and parts[-1] == "detail" and len(parts) > 1:
+    if parts and parts[-1] in ("detail", "kernels") and len(parts) > 1:
         parts = parts[:-1]
     return "/".join(parts) if parts else "specdec.hpp"
 
@@ -230,8 +230,8 @@ def markdown(weight, row, svg_name):
         "",
         f"![include graph]({svg_name})",
         "",
-        "Each box is a directory of `include/specdec` (a nested `detail/` is drawn with its "
-        "parent); an arrow means some header of one includes a header of the other. A directory "
+        "Each box is a directory of `include/specdec` (a nested `detail/` or `kernels/` is drawn "
+        "with its parent); an arrow means some header of one includes a header of the other. A directory "
         "sits one row above the highest directory it includes, so every arrow points down.",
         "",
         "Rules (checked): no include cycles between directories or headers; `core/` includes only "

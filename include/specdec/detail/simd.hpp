@@ -16,7 +16,7 @@
 //! where the target has one, which can change the last bit of an exp).
 //!
 //! The CPU model backend's matrix and attention kernels use native registers instead
-//! (detail/simd_registers.hpp): they need masked loads, fused multiply-adds and register tiling
+//! (backend/cpu/kernels/registers.inl): they need masked loads, fused multiply-adds and register tiling
 //! that the vector extensions do not express.
 //!
 //! The kernels use vector conditions through `select(mask, a, b)` (a mask lane is -1 for true and

@@ -8,8 +8,9 @@
 //!
 //! The kernels are the CPU backend's own: the products are `gemm_nt` over the thread pool (through
 //! `detail::cpu::heads_products`, as the Medusa and Hydra runners), RMSNorm, RoPE (the same table
-//! as `cpu_llama`'s) and SwiGLU from elementwise.hpp, attention over a virtual sequence of cache
-//! entries from attention.hpp (`attend_heads`, what `cpu_llama` runs for heads of any size). Each
+//! as `cpu_llama`'s) and SwiGLU, attention over a virtual sequence of cache entries
+//! (`attend_heads`, what `cpu_llama` runs for heads of any size), all of the CPU target active when
+//! the head is built (backend/cpu/kernels.hpp). Each
 //! output is computed by a fixed sequence of operations that depends only on the shapes and on
 //! the entries the row sees, never on the batch, the cache layout or the thread count: a row's
 //! output is the same whether its entries were appended in one call or in many, which is what
@@ -79,7 +80,7 @@ class cpu_eagle_head {
     SPECDEC_CHECK(max_context_ >= 1 && max_context_ <= (std::size_t{1} << 24), invalid_argument,
                   "cpu_eagle_head: max_context ", max_context_, " is outside [1, 2^24]");
     cache_ = contiguous_cache(1, kv_dim_, max_context_);
-    std::size_t const chunk = detail::cpu::value_chunk;
+    std::size_t const chunk = products_.kernels().value_chunk;
     heads_per_task_ = 1;
     if (chunk != 0 && hs_ % chunk == 0)
       heads_per_task_ =
@@ -171,8 +172,8 @@ class cpu_eagle_head {
     if (e3) {
       for (std::size_t i = 0; i < n; ++i) {
         float* const row = a_.data() + i * att_in;
-        k::rmsnorm(row, embedding(batch.tokens[i]), w_->input_norm, dim_, eps);
-        k::rmsnorm(row + dim_, u_.data() + i * dim_, w_->hidden_norm, dim_, eps);
+        products_.kernels().rmsnorm(row, embedding(batch.tokens[i]), w_->input_norm, dim_, eps);
+        products_.kernels().rmsnorm(row + dim_, u_.data() + i * dim_, w_->hidden_norm, dim_, eps);
       }
       a = a_.data();
     }
@@ -185,8 +186,8 @@ class cpu_eagle_head {
     products_.product(w_->wv, kv_dim_, att_in, a, n, vc + past * kv_dim_, kv_dim_, false);
     for (std::size_t i = 0; i < n; ++i) {
       float const* const cs = rope_.data() + static_cast<std::size_t>(batch.positions[i]) * hs_;
-      k::rope(q_.data() + i * q_dim_, heads_, hs_, cs);
-      k::rope(kc + (past + i) * kv_dim_, kv_heads_, hs_, cs);
+      products_.kernels().rope(q_.data() + i * q_dim_, heads_, hs_, cs);
+      products_.kernels().rope(kc + (past + i) * kv_dim_, kv_heads_, hs_, cs);
     }
 
     // Attention of each row over the entries it sees, in cache order.
@@ -194,20 +195,22 @@ class cpu_eagle_head {
       std::size_t length = 0, end = 0;
       std::size_t const n_runs = sequence(batch, i, past, length, end);
       for (std::size_t h0 = 0; h0 < heads_; h0 += heads_per_task_)
-        k::attend_heads(q_.data() + i * q_dim_, kc, vc, kv_dim_, hs_, heads_ / kv_heads_, h0,
-                        std::min(heads_, h0 + heads_per_task_), end, runs_.data(), n_runs, length,
-                        scores_.data(), scores_rows_, att_.data() + i * q_dim_);
+        products_.kernels().attend_heads(
+            q_.data() + i * q_dim_, kc, vc, kv_dim_, hs_, heads_ / kv_heads_, h0,
+            std::min(heads_, h0 + heads_per_task_), end, runs_.data(), n_runs, length,
+            scores_.data(), scores_rows_, att_.data() + i * q_dim_);
     }
 
     // h = u + o_proj(att); h += MLP(post_norm(h)).
     std::copy(u_.begin(), u_.begin() + static_cast<std::ptrdiff_t>(n * dim_), h_.begin());
     products_.product(w_->wo, dim_, q_dim_, att_.data(), n, h_.data(), dim_, true);
     for (std::size_t i = 0; i < n; ++i)
-      k::rmsnorm(xb_.data() + i * dim_, h_.data() + i * dim_, w_->post_norm, dim_, eps);
+      products_.kernels().rmsnorm(xb_.data() + i * dim_, h_.data() + i * dim_, w_->post_norm, dim_,
+                                  eps);
     products_.product(w_->w1, inner_, dim_, xb_.data(), n, g_.data(), inner_, false);
     products_.product(w_->w3, inner_, dim_, xb_.data(), n, up_.data(), inner_, false);
     for (std::size_t i = 0; i < n; ++i)
-      k::swiglu(g_.data() + i * inner_, up_.data() + i * inner_, inner_);
+      products_.kernels().swiglu(g_.data() + i * inner_, up_.data() + i * inner_, inner_);
     products_.product(w_->w2, dim_, inner_, g_.data(), n, h_.data(), dim_, true);
     for (std::size_t i = 0; i < n; ++i)
       std::copy(h_.data() + i * dim_, h_.data() + (i + 1) * dim_, out.row(i).data());
@@ -227,7 +230,8 @@ class cpu_eagle_head {
     for (std::size_t i = 0; i < n; ++i) {
       std::span<float const> const h = hidden.row(i);
       if (eagle3())
-        detail::cpu::rmsnorm(xb_.data() + i * dim_, h.data(), w_->norm, dim_, w_->config.rms_eps);
+        products_.kernels().rmsnorm(xb_.data() + i * dim_, h.data(), w_->norm, dim_,
+                                    w_->config.rms_eps);
       else
         std::copy(h.begin(), h.end(), xb_.data() + i * dim_);
     }

@@ -2,9 +2,10 @@
 //! \file
 //! The Medusa and Hydra head computations on the CPU (`cpu_medusa_heads`, `cpu_hydra_heads`): the
 //! heads runners that propose/medusa.hpp and propose/hydra.hpp drive through their concepts. The
-//! matrix products are the backend's `gemm_nt` (gemm.hpp: weights in their [out, in] layout, each
-//! weight row streamed once per call for every row of the batch), split across the thread pool by
-//! output rows; SiLU is the backend's own (`simd::silu_mul`, as SwiGLU computes it). Each output
+//! matrix products are the backend's `gemm_nt` (backend/cpu/kernels.hpp: weights in their [out,
+//! in] layout, each weight row streamed once per call for every row of the batch), split across the
+//! thread pool by output rows; SiLU is the backend's own (`add_silu`, as SwiGLU computes it), both
+//! of the CPU target active when the runner is built. Each output
 //! is computed by a fixed sequence of operations that depends only on the shapes, never on the
 //! batch or the thread count.
 
@@ -14,12 +15,11 @@
 #include <span>
 #include <vector>
 
-#include "specdec/backend/cpu/gemm.hpp"
+#include "specdec/backend/cpu/kernels.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/core/views.hpp"
-#include "specdec/detail/simd_registers.hpp"
 #include "specdec/model/heads.hpp"
 #include "specdec/model/llama_weights.hpp"
 
@@ -37,26 +37,11 @@ struct cpu_heads_options {
 
 namespace detail::cpu {
 
-//! x[:n] += SiLU(y[:n] + bias[:n]) (bias may be null), SiLU by `simd::silu_mul` with a factor 1.
-inline void add_silu(float* x, float const* y, float const* bias, std::size_t n) noexcept {
-  constexpr std::size_t w = simd::width;
-  typename simd::reg const one = simd::set1(1.0f);
-  std::size_t i = 0;
-  auto const at = [&](std::size_t j, std::size_t count) {
-    typename simd::reg z = simd::load_part(y + j, count);
-    if (bias != nullptr) z = simd::add(z, simd::load_part(bias + j, count));
-    simd::store_part(x + j, simd::add(simd::load_part(x + j, count), simd::silu_mul(z, one)),
-                     count);
-  };
-  for (; i + w <= n; i += w) at(i, w);
-  if (i < n) at(i, n - i);
-}
-
 //! The products of the heads runners: y [n, rows] (+)= x [n, k] W^T for a weight matrix W
 //! [rows, k], the rows split across the pool when the work pays for the hand-off.
 class heads_products {
  public:
-  explicit heads_products(cpu_heads_options const& options) {
+  explicit heads_products(cpu_heads_options const& options) : kernels_(&active_model_kernels()) {
     if (options.pool != nullptr) {
       pool_ = options.pool;
     } else {
@@ -71,7 +56,7 @@ class heads_products {
                float* y, std::size_t ldy, bool accumulate) const noexcept {
     constexpr std::size_t min_parallel_work = std::size_t{1} << 15;
     auto const f = [&](std::size_t r0, std::size_t r1) {
-      gemm_nt(w, k, r0, r1, x, k, n, k, y, ldy, accumulate);
+      kernels_->gemm_nt(w, k, r0, r1, x, k, n, k, y, ldy, accumulate);
     };
     if (pool_->size() == 1 || rows * k * n < min_parallel_work)
       f(std::size_t{0}, rows);
@@ -87,10 +72,18 @@ class heads_products {
     for (std::size_t t = 0; t < n; ++t) add_silu(x + t * dim, y + t * dim, b.bias, dim);
   }
 
+  //! x[:n] += SiLU(y[:n] + bias[:n]) (bias may be null).
+  void add_silu(float* x, float const* y, float const* bias, std::size_t n) const noexcept {
+    kernels_->add_silu(x, y, bias, n);
+  }
+
   //! Threads used.
   [[nodiscard]] std::size_t threads() const noexcept { return pool_->size(); }
+  //! The kernels of the CPU target active when built.
+  [[nodiscard]] model_kernels const& kernels() const noexcept { return *kernels_; }
 
  private:
+  model_kernels const* kernels_;
   std::shared_ptr<thread_pool> pool_;
 };
 
@@ -213,7 +206,7 @@ class cpu_hydra_heads {
     for (std::size_t r = 0; r < n; ++r) {
       float* const x = x_.data() + r * d;
       for (std::size_t j = 0; j < d; ++j) x[j] += h.res_bias[j];
-      detail::cpu::add_silu(x, y_.data() + r * d, h.in_bias, d);
+      products_.add_silu(x, y_.data() + r * d, h.in_bias, d);
     }
     for (head_block const& b : h.blocks) products_.block(b, d, x_.data(), n, y_.data());
     products_.product(h.lm_head, v, d, x_.data(), n, logits.data(), logits.stride(), false);

@@ -4,12 +4,12 @@
 //! Satisfies `causal_lm`. One topic (the model's forward, its caches and its weight layout)
 //! needs more than 600 lines here; the kernels it calls live in their own headers.
 //!
-//! Its kernels, one header per topic in backend/cpu/: `gemm_nt` (gemm.hpp, large models),
-//! `packed_gemm` (packed_gemm.hpp, small models), attention over a virtual sequence of cache rows
-//! (attention.hpp), RMSNorm / RoPE / SwiGLU (elementwise.hpp), on the native registers of
-//! detail/simd_registers.hpp. Every output is computed by a fixed sequence of operations that
-//! depends only on the model's shape, never on the batch, the tile it lands in or the thread that
-//! computes it (the CPU backend's batch invariance).
+//! Its kernels, one body per topic in backend/cpu/kernels/ compiled per CPU target and called
+//! through the table of the target active when the model is built (backend/cpu/kernels.hpp):
+//! `gemm_nt` (large models), `packed_gemm` (small models), attention over a virtual sequence of
+//! cache rows, RMSNorm / RoPE / SwiGLU. Every output is computed by a fixed sequence of operations
+//! that depends only on the model's shape, never on the batch, the tile it lands in or the thread
+//! that computes it (the CPU backend's batch invariance).
 
 #include <algorithm>
 #include <bit>
@@ -26,7 +26,7 @@
 #include "specdec/backend/cpu/aligned_floats.hpp"
 #include "specdec/backend/cpu/attention.hpp"
 #include "specdec/backend/cpu/elementwise.hpp"
-#include "specdec/backend/cpu/gemm.hpp"
+#include "specdec/backend/cpu/kernels.hpp"
 #include "specdec/backend/cpu/llama_sequence.hpp"
 #include "specdec/backend/cpu/packed_gemm.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
@@ -72,7 +72,7 @@ class cpu_llama {
   //! `errc::invalid_argument` for null weights, missing tensors or bad options, and
   //! `errc::bad_file` for an inconsistent configuration.
   explicit cpu_llama(std::shared_ptr<llama_weights const> weights, cpu_llama_options options = {})
-      : weights_(std::move(weights)) {
+      : weights_(std::move(weights)), kernels_(&detail::cpu::active_model_kernels()) {
     SPECDEC_CHECK(weights_ != nullptr, invalid_argument, "cpu_llama: null weights");
     detail::check_complete(*weights_, "cpu_llama");
     llama_config const& c = weights_->config;
@@ -95,7 +95,7 @@ class cpu_llama {
                     "cpu_llama: threads is ", options.threads, ", need 1 to 1024");
       pool_ = thread_pool::shared(options.threads);
     }
-    std::size_t const chunk = detail::cpu::value_chunk;
+    std::size_t const chunk = kernels_->value_chunk;
     if (chunk != 0 && head_size_ % chunk == 0)
       heads_per_task_ =
           std::max<std::size_t>(1, detail::cpu::max_value_accumulators / (head_size_ / chunk));
@@ -103,7 +103,7 @@ class cpu_llama {
     seq_ = make_sequence();  // allocates nothing yet
     segs_.reserve(1);
     if (detail::cpu::packed_llama::bytes(c) <= options.pack_limit)
-      packed_ = detail::cpu::packed_llama::pack(*weights_);
+      packed_ = detail::cpu::packed_llama::pack(*weights_, kernels_->width);
     grow(std::max<std::size_t>(1, options.batch_capacity));
   }
 
@@ -381,7 +381,7 @@ class cpu_llama {
 
   // Whether attention uses keys and values transposed into blocks (AVX-512, heads of 8 floats).
   [[nodiscard]] bool transposed_heads() const noexcept {
-    return detail::cpu::transposed8 && head_size_ == 8;
+    return kernels_->transposed8 && head_size_ == 8;
   }
 
   // Grows the per-batch buffers to `n` rows (allocates; never called once large enough).
@@ -423,9 +423,9 @@ class cpu_llama {
   template <detail::cpu::panel_op Op>
   void packed_product(detail::cpu::packed_matrix const& w, float const* x, std::size_t ldx,
                       std::size_t n, float* y, std::size_t ldy) noexcept {
-    std::size_t const work = w.vectors() * detail::cpu::simd::width * w.k() * n;
+    std::size_t const work = w.vectors() * w.width() * w.k() * n;
     pool_->split_rows(w.vectors(), 4, work, [&](std::size_t v0, std::size_t v1) {
-      detail::cpu::packed_gemm<Op>(w, v0, v1, x, ldx, n, y, ldy);
+      kernels_->packed(Op, w, v0, v1, x, ldx, n, y, ldy);
     });
   }
 
@@ -479,7 +479,7 @@ class cpu_llama {
 
     // Final norm, hidden rows, classifier rows.
     for (std::size_t t = 0; t < n; ++t)
-      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, w.rms_final, dim_, eps);
+      kernels_->rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, w.rms_final, dim_, eps);
     if (batch.want_hidden) std::memcpy(out.hidden.data(), xb_.data(), n * dim_ * sizeof(float));
     float const* rows = xb_.data();
     std::size_t m = n;
@@ -504,7 +504,7 @@ class cpu_llama {
       return;
     }
     pool_->split_rows(vocab_, k::tile_rows, vocab_ * dim_ * m, [&](std::size_t r0, std::size_t r1) {
-      k::gemm_nt(w.classifier, dim_, r0, r1, rows, dim_, m, dim_, logits, vocab_, false);
+      kernels_->gemm_nt(w.classifier, dim_, r0, r1, rows, dim_, m, dim_, logits, vocab_, false);
     });
   }
 
@@ -524,7 +524,7 @@ class cpu_llama {
 
     // Attention block: norm, q/k/v projections.
     for (std::size_t t = 0; t < n; ++t)
-      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
+      kernels_->rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
     std::size_t const qkv_rows = dim_ + 2 * kv_dim_;
     pool_->split_rows(
         qkv_rows, k::tile_rows, qkv_rows * dim_ * n, [&](std::size_t r0, std::size_t r1) {
@@ -532,7 +532,8 @@ class cpu_llama {
                            std::size_t ldy) {
             std::size_t const b = std::max(r0, first), e = std::min(r1, first + count);
             if (b < e)
-              k::gemm_nt(wt, dim_, b - first, e - first, xb_.data(), dim_, n, dim_, y, ldy, false);
+              kernels_->gemm_nt(wt, dim_, b - first, e - first, xb_.data(), dim_, n, dim_, y, ldy,
+                                false);
           };
           block(lw.wq, 0, dim_, q_.data(), dim_);
           block(lw.wk, dim_, kv_dim_, kd, ld);
@@ -542,8 +543,8 @@ class cpu_llama {
       segment const& g = segs_[row_segment_[t]];
       float const* const cs =
           rope_.data() + static_cast<std::size_t>(g.req->positions[t - g.first]) * head_size_;
-      k::rope(q_.data() + t * dim_, n_heads_, head_size_, cs);
-      k::rope(kd + t * ld, n_kv_heads_, head_size_, cs);
+      kernels_->rope(q_.data() + t * dim_, n_heads_, head_size_, cs);
+      kernels_->rope(kd + t * ld, n_kv_heads_, head_size_, cs);
       if (!direct) {
         std::size_t const at = (g.past + t - g.first) * kv_dim_;
         std::memcpy(g.sequence->cache_.keys(l) + at, kd + t * ld, kv_dim_ * sizeof(float));
@@ -557,26 +558,26 @@ class cpu_llama {
 
     // Output projection, added to the residual stream.
     pool_->split_rows(dim_, k::tile_rows, dim_ * dim_ * n, [&](std::size_t r0, std::size_t r1) {
-      k::gemm_nt(lw.wo, dim_, r0, r1, att_.data(), dim_, n, dim_, x_.data(), dim_, true);
+      kernels_->gemm_nt(lw.wo, dim_, r0, r1, att_.data(), dim_, n, dim_, x_.data(), dim_, true);
     });
 
     // Feed-forward block: norm, gate and up projections with SwiGLU, down projection added.
     for (std::size_t t = 0; t < n; ++t)
-      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_ffn, dim_, eps);
+      kernels_->rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_ffn, dim_, eps);
     pool_->split_rows(hidden_dim_, k::tile_rows, 2 * hidden_dim_ * dim_ * n,
                       [&](std::size_t r0, std::size_t r1) {
-                        k::gemm_nt(lw.w1, dim_, r0, r1, xb_.data(), dim_, n, dim_, hb_.data(),
-                                   hidden_dim_, false);
-                        k::gemm_nt(lw.w3, dim_, r0, r1, xb_.data(), dim_, n, dim_, hb2_.data(),
-                                   hidden_dim_, false);
+                        kernels_->gemm_nt(lw.w1, dim_, r0, r1, xb_.data(), dim_, n, dim_,
+                                          hb_.data(), hidden_dim_, false);
+                        kernels_->gemm_nt(lw.w3, dim_, r0, r1, xb_.data(), dim_, n, dim_,
+                                          hb2_.data(), hidden_dim_, false);
                         for (std::size_t t = 0; t < n; ++t)
-                          k::swiglu(hb_.data() + t * hidden_dim_ + r0,
-                                    hb2_.data() + t * hidden_dim_ + r0, r1 - r0);
+                          kernels_->swiglu(hb_.data() + t * hidden_dim_ + r0,
+                                           hb2_.data() + t * hidden_dim_ + r0, r1 - r0);
                       });
     pool_->split_rows(dim_, k::tile_rows, dim_ * hidden_dim_ * n,
                       [&](std::size_t r0, std::size_t r1) {
-                        k::gemm_nt(lw.w2, hidden_dim_, r0, r1, hb_.data(), hidden_dim_, n,
-                                   hidden_dim_, x_.data(), dim_, true);
+                        kernels_->gemm_nt(lw.w2, hidden_dim_, r0, r1, hb_.data(), hidden_dim_, n,
+                                          hidden_dim_, x_.data(), dim_, true);
                       });
   }
 
@@ -590,15 +591,15 @@ class cpu_llama {
     std::size_t const ld = dim_ + 2 * kv_dim_;
 
     for (std::size_t t = 0; t < n; ++t)
-      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
+      kernels_->rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_att, dim_, eps);
     packed_product<k::panel_op::store>(pl.qkv, xb_.data(), dim_, n, qkv_.data(), ld);
     for (std::size_t t = 0; t < n; ++t) {
       segment const& g = segs_[row_segment_[t]];
       float* const row = qkv_.data() + t * ld;
       float const* const cs =
           rope_.data() + static_cast<std::size_t>(g.req->positions[t - g.first]) * head_size_;
-      k::rope(row, n_heads_, head_size_, cs);
-      k::rope(row + dim_, n_kv_heads_, head_size_, cs);
+      kernels_->rope(row, n_heads_, head_size_, cs);
+      kernels_->rope(row + dim_, n_kv_heads_, head_size_, cs);
       std::size_t const at = (g.past + t - g.first) * kv_dim_;
       std::memcpy(g.sequence->cache_.keys(l) + at, row + dim_, kv_dim_ * sizeof(float));
       std::memcpy(g.sequence->cache_.values(l) + at, row + dim_ + kv_dim_, kv_dim_ * sizeof(float));
@@ -610,7 +611,7 @@ class cpu_llama {
 
     packed_product<k::panel_op::add>(pl.wo, att_.data(), dim_, n, x_.data(), dim_);
     for (std::size_t t = 0; t < n; ++t)
-      k::rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_ffn, dim_, eps);
+      kernels_->rmsnorm(xb_.data() + t * dim_, x_.data() + t * dim_, lw.rms_ffn, dim_, eps);
     packed_product<k::panel_op::swiglu>(pl.w13, xb_.data(), dim_, n, hb_.data(), hidden_dim_);
     packed_product<k::panel_op::add>(pl.w2, hb_.data(), hidden_dim_, n, x_.data(), dim_);
   }
@@ -637,10 +638,10 @@ class cpu_llama {
         float* const vt = q.vt_.data() + l * kv_dim_ * q.lcap_;
         if (from < rows) {
           for (std::size_t g = 0; g < n_kv_heads_; ++g) {
-            detail::cpu::transpose_rows8(kc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
-                                         kt + g * q.lcap_ * 8 + from * 8);
-            detail::cpu::transpose_rows8(vc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
-                                         vt + g * q.lcap_ * 8 + from * 8);
+            kernels_->transpose_rows8(kc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
+                                      kt + g * q.lcap_ * 8 + from * 8);
+            kernels_->transpose_rows8(vc + from * kv_dim_ + g * 8, kv_dim_, rows - from,
+                                      vt + g * q.lcap_ * 8 + from * 8);
           }
         }
         q.transposed_rows_[l] = rows;
@@ -694,19 +695,20 @@ class cpu_llama {
           std::size_t const at = (b - from) * 16 + i;
           rows[i] = at < m ? vc + phys[at] * kv_dim_ + g * 8 : nullptr;
         }
-        k::transpose_gather8(rows, tail + (b - from) * 128);
+        kernels_->transpose_gather8(rows, tail + (b - from) * 128);
       }
     }
     std::size_t const end = sg.past + visible_end_[t];
     float const scale = 1.0f / std::sqrt(static_cast<float>(head_size_));
     for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
-      float top = k::scores8(q_base_ + t * q_ld_ + h * 8, kt + g * lcap * 8, end, scale, scores);
+      float top =
+          kernels_->scores8(q_base_ + t * q_ld_ + h * 8, kt + g * lcap * 8, end, scale, scores);
       if (compacted) {
         k::compact_scores(scores, runs, n_runs);
-        top = k::row_max(scores, length);
+        top = kernels_->row_max(scores, length);
       }
-      k::softmax_values8(scores, length, top, vt + g * lcap * 8, from, tail,
-                         att_.data() + t * dim_ + h * 8);
+      kernels_->softmax_values8(scores, length, top, vt + g * lcap * 8, from, tail,
+                                att_.data() + t * dim_ + h * 8);
     }
   }
 
@@ -727,9 +729,9 @@ class cpu_llama {
       std::size_t length = 0;
       std::size_t const n_runs = k::virtual_sequence(t - sg.first, *sg.req, sg.past, runs, length,
                                                      l * n_kv_heads_ + a / per_kv);
-      k::attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, per_kv, a, b,
-                      sg.past + visible_end_[t], runs, n_runs, length, scores, score_stride_,
-                      att_.data() + t * dim_);
+      kernels_->attend_heads(q_base_ + t * q_ld_, kc, vc, kv_dim_, head_size_, per_kv, a, b,
+                             sg.past + visible_end_[t], runs, n_runs, length, scores, score_stride_,
+                             att_.data() + t * dim_);
     }
   }
 
@@ -751,10 +753,10 @@ class cpu_llama {
           std::size_t const n_runs =
               k::virtual_sequence(t, *sg.req, sg.past, runs, length, l * n_kv_heads_ + g);
           for (std::size_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
-            k::add_cache_scores(q_base_ + (sg.first + t) * q_ld_ + h * head_size_,
-                                sg.sequence->cache_.keys(l) + g * head_size_, kv_dim_, head_size_,
-                                runs, n_runs, length, sg.past, want.kind, s,
-                                kv_scores_ + (l * n_kv_heads_ + g) * sg.past);
+            kernels_->add_cache_scores(q_base_ + (sg.first + t) * q_ld_ + h * head_size_,
+                                       sg.sequence->cache_.keys(l) + g * head_size_, kv_dim_,
+                                       head_size_, runs, n_runs, length, sg.past, want.kind, s,
+                                       kv_scores_ + (l * n_kv_heads_ + g) * sg.past);
         }
       }
     });
@@ -762,7 +764,8 @@ class cpu_llama {
 
   std::shared_ptr<llama_weights const> weights_;
   std::shared_ptr<thread_pool> pool_;
-  cpu_llama_sequence seq_;  // the model's own sequence (cache())
+  detail::cpu::model_kernels const* kernels_;  // the CPU target's, chosen when built
+  cpu_llama_sequence seq_;                     // the model's own sequence (cache())
   std::size_t dim_ = 0, hidden_dim_ = 0, n_layers_ = 0, n_heads_ = 0, n_kv_heads_ = 0;
   std::size_t head_size_ = 0, kv_dim_ = 0, vocab_ = 0, max_context_ = 0;
   std::size_t batch_capacity_ = 0;

@@ -1,10 +1,12 @@
-#pragma once
 //! \file
 //! Native SIMD registers for the CPU model backend's matrix, attention and elementwise kernels:
 //! `vec` (8-wide AVX2 or 4-wide SSE2 registers, used along a head's dimension) and `simd` (the
 //! widest float register: AVX-512, AVX2, SSE2, or one float), with whole and partial loads and
 //! stores, fused multiply-add, fixed-tree horizontal sums, SiLU and an exp; and `with_count`, which
 //! turns a run-time count into the register-tiled kernel instantiated for it. Internals, not API.
+//! A kernel body: backend/cpu/kernels.hpp compiles it once per CPU target, with
+//! `SPECDEC_KERNEL_LEVEL` 0 (the flags' baseline: SSE2 on x86-64, one float elsewhere), 1 (AVX2 +
+//! FMA) or 2 (AVX-512).
 //!
 //! This is the second half of the library's numeric layer beside detail/simd.hpp: the matrix
 //! kernels need masked loads, explicit fused multiply-adds and register tiling, which the portable
@@ -14,21 +16,9 @@
 //! sampling and verification rest on, and that the CUDA kernels reproduce, is `exp_nonpositive`
 //! (detail/exp.hpp), which gives the same value on every instruction set and device.
 
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <utility>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
-namespace specdec::detail::cpu {
-
 // ---- vec: 8- (AVX2) or 4-wide (SSE2) vectors (attention along the head dimension; the exp
 // and horizontal sums of `simd` on those ISAs).
-#if defined(__AVX2__) && defined(__FMA__)
+#if SPECDEC_KERNEL_LEVEL >= 1
 struct vec {
   using reg = __m256;
   static constexpr std::size_t width = 8;
@@ -133,7 +123,7 @@ struct vec {
 // arithmetic, a fixed-tree horizontal sum, exp(x) for x <= 0, SiLU, and `sum4`, which reduces
 // four registers at once with a fixed summation tree (the same tree for each of the four, so a dot
 // product's rounding never depends on which others it is reduced with).
-#if defined(__AVX512F__)
+#if SPECDEC_KERNEL_LEVEL >= 2
 struct simd {
   using reg = __m512;
   static constexpr std::size_t width = 16;
@@ -224,7 +214,7 @@ inline float simd::hsum(reg a) noexcept {
 inline float simd::hmax(reg a) noexcept {
   return vec::hmax(_mm256_max_ps(low(a), high(a)));
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif SPECDEC_KERNEL_LEVEL >= 1
 struct simd {
   using reg = __m256;
   static constexpr std::size_t width = 8;
@@ -333,5 +323,3 @@ inline void with_count(std::size_t n, F&& f) noexcept {
   }
   (std::make_index_sequence<Max>{});
 }
-
-}  // namespace specdec::detail::cpu

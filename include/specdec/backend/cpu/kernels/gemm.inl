@@ -1,19 +1,8 @@
-#pragma once
 //! \file
 //! Matrix products for large models (`gemm_nt`): a register-tiled product of a batch of activation
 //! rows with a block of weight rows in their original layout (each weight row is read from memory
-//! once per call and reused for every token of the batch from cache). Internal to backend/cpu.
-
-#include <cstddef>
-#include <utility>
-
-#include "specdec/detail/simd_registers.hpp"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
-namespace specdec::detail::cpu {
+//! once per call and reused for every token of the batch from cache). A kernel body:
+//! backend/cpu/kernels.hpp compiles it once per CPU target.
 
 //! Tokens per register tile of `gemm_nt` (16 accumulators of 32 registers with AVX-512, 8 of 16
 //! otherwise).
@@ -32,8 +21,6 @@ inline void prefetch(float const* p) noexcept {
 #endif
 }
 
-//! Weight rows per tile.
-inline constexpr std::size_t tile_rows = 4;
 //! Tokens per outer block of `gemm_nt` (bounds the partial sums and the activations kept hot).
 inline constexpr std::size_t token_block = 64;
 //! Floats of a row per inner block: a tile's weight block (tile_rows x k_block) stays in L1 while
@@ -240,5 +227,3 @@ inline void gemm_nt(float const* w, std::size_t ldw, std::size_t r0, std::size_t
     });
   }
 }
-
-}  // namespace specdec::detail::cpu
