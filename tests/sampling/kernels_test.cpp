@@ -14,6 +14,7 @@
 #include <iterator>
 #include <limits>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -389,5 +390,104 @@ TEST_CASE("the vector layer in use, and sum_row_lanes adds the 16 lanes by the f
     for (std::size_t h = sd::detail::row_lanes / 2; h >= 1; h /= 2)
       for (std::size_t l = 0; l < h; ++l) tree[l] += tree[l + h];
     CHECK(same_bits(sd::detail::sum_row_lanes(acc), tree[0]));
+  }
+}
+
+namespace {
+
+// Restores the CPU target chosen before it, whatever a test does.
+struct target_guard {
+  sd::cpu_target saved = sd::active_cpu_target();
+  ~target_guard() { sd::set_cpu_target(saved); }
+};
+
+// What the dispatched row passes give for `row` on the active target, as bits.
+std::vector<std::uint64_t> row_results(std::vector<float> const& row, std::vector<float> const& p) {
+  std::vector<std::uint64_t> out;
+  auto const put = [&](auto v) {
+    if constexpr (std::is_same_v<decltype(v), double>)
+      out.push_back(std::bit_cast<std::uint64_t>(v));
+    else if constexpr (std::is_same_v<decltype(v), float>)
+      out.push_back(std::bit_cast<std::uint32_t>(v));
+    else
+      out.push_back(static_cast<std::uint64_t>(v));
+  };
+  std::size_t const n = row.size();
+  float const max = sd::detail::summarize_row(row, "test").max;
+  put(max);
+  std::vector<float> e(n);
+  put(sd::detail::exp_shifted(row.data(), e.data(), n, max, 1.25f));
+  for (float const v : e) put(v);
+  auto const masked =
+      sd::detail::exp_masked<true>(row.data(), e.data(), n, max, 0.8f, max - 3.0f, 0.01f);
+  put(masked.total);
+  put(masked.at_least_floor);
+  for (float const v : e) put(v);
+  bool bad = false;
+  put(sd::detail::sum_checked(p.data(), n, bad));
+  put(bad);
+  float const th[3] = {0.001f, 0.01f, 0.1f};
+  double mass[3], count[3];
+  sd::detail::threshold_stats<true, 3>(p.data(), n, th, mass, count);
+  for (std::size_t k = 0; k < 3; ++k) {
+    put(mass[k]);
+    put(count[k]);
+  }
+  double total = 0.0;
+  for (float const v : p) total += static_cast<double>(v);
+  for (double const u : {0.0, 0.3, 0.77, 0.999})
+    put(sd::detail::first_crossing(p.data(), n, 0.0, u * total));
+  put(sd::detail::argmax_index(row.data(), n));
+  put(sd::detail::first_non_finite(row.data(), n));
+  std::vector<float> scaled(n);
+  sd::detail::scale_row(row.data(), scaled.data(), n, 0.7f);
+  for (float const v : scaled) put(v);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the row passes give the same bits on every CPU target this machine runs") {
+  target_guard const guard;
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<sd::cpu_target> targets;
+  for (sd::cpu_target t : {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512})
+    if (sd::cpu_target_compiled(t) && sd::cpu_target_supported(t)) targets.push_back(t);
+  MESSAGE(targets.size(),
+          " CPU targets compiled and supported here; active: ", sd::to_string(guard.saved));
+  for (std::size_t const n : sizes) {
+    std::vector<float> row(n);
+    for (float& v : row) v = normal(gen);
+    if (n > 4) row[n / 3] = ninf;
+    std::vector<float> const p = weights_row(n, gen);
+    sd::set_cpu_target(targets.front());
+    std::vector<std::uint64_t> const first = row_results(row, p);
+    for (std::size_t i = 1; i < targets.size(); ++i) {
+      sd::set_cpu_target(targets[i]);
+      CAPTURE(n);
+      CAPTURE(sd::to_string(targets[i]));
+      CHECK(row_results(row, p) == first);
+    }
+  }
+}
+
+TEST_CASE("CPU targets: names, and targets this build or CPU lacks are refused") {
+  target_guard const guard;
+  CHECK(sd::parse_cpu_target("avx2") == sd::cpu_target::avx2);
+  CHECK(sd::to_string(sd::parse_cpu_target("baseline")) == "baseline");
+  check_error([] { (void)sd::parse_cpu_target("sse9"); }, sd::errc::invalid_argument,
+              "unknown CPU target 'sse9'");
+  CHECK(sd::cpu_target_supported(sd::cpu_target::baseline));
+  CHECK(sd::cpu_target_compiled(sd::best_cpu_target()));
+  for (sd::cpu_target t :
+       {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512}) {
+    if (sd::cpu_target_compiled(t) && sd::cpu_target_supported(t)) {
+      sd::set_cpu_target(t);
+      CHECK(sd::active_cpu_target() == t);
+    } else {
+      check_error([&] { sd::set_cpu_target(t); }, sd::errc::unsupported,
+                  std::string(sd::to_string(t)));
+    }
   }
 }

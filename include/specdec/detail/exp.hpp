@@ -4,14 +4,16 @@
 //! floats and on the vectors of detail/simd.hpp) and the CUDA kernels (backend/cuda) all call, so
 //! that a device computes the host's probabilities operation for operation. Internals, not API.
 //!
-//! The algorithm is written once, in `exp_nonpositive_with<Ops>`, over the operations of `Ops`:
+//! The algorithm is written once, in `exp_nonpositive_with<Ops>` (detail/kernels/exp_with.inl,
+//! included here and, for the vectors of each CPU target, by detail/rows.hpp), over the
+//! operations of `Ops`:
 //! `scalar_exp_ops` (here: host and device floats; on the device every operation is rounded on its
 //! own, `__fmul_rn` / `__fadd_rn`, so nvcc cannot fuse them) and `vector_exp_ops`
-//! (detail/simd_exp.hpp: host vectors, with single AVX-512 instructions for the clamp and the
-//! final scaling where they give the same values). A host compiler may still contract a multiply
-//! and an add into a fused multiply-add where the target has one (GCC does in its default GNU
-//! mode): that can move the last bit of an exp, which is why device and host results are compared
-//! "within rounding" by the tests rather than bit for bit.
+//! (detail/kernels/simd_exp.inl: host vectors, with single AVX-512 instructions for the clamp and
+//! the final scaling where they give the same values). A host compiler may still contract a
+//! multiply and an add into a fused multiply-add where the target has one (GCC does in its default
+//! GNU mode): that can move the last bit of an exp, which is why device and host results are
+//! compared "within rounding" by the tests rather than bit for bit.
 
 #include <bit>
 #include <cstdint>
@@ -84,28 +86,9 @@ struct scalar_exp_ops {
   }
 };
 
-//! exp(x) for x <= 0 (x may be -inf; callers pass no NaN), computed with the operations of `Ops` on
-//! `Ops::value` operands: within 1 ulp of the correctly rounded value (checked exhaustively over
-//! [-87.34, 0]); exactly 1 at x = 0 and exactly 0 below `exp_lower_limit` (results that would be
-//! subnormal are flushed to 0). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and the
-//! Cephes expf polynomial for exp(r).
-template <class Ops, class F = typename Ops::value>
-[[nodiscard]] SPECDEC_HOST_DEVICE inline F exp_nonpositive_with(F x) noexcept {
-  namespace c = exp_constants;
-  F const xc = Ops::clamp_low(x);
-  F const shifted = Ops::add(Ops::mul(xc, Ops::splat(c::log2e)), Ops::splat(c::round_magic));
-  F const n = Ops::sub(shifted, Ops::splat(c::round_magic));
-  F const r = Ops::sub(Ops::sub(xc, Ops::mul(n, Ops::splat(c::ln2_hi))),
-                       Ops::mul(n, Ops::splat(c::ln2_lo)));
-  F p = Ops::splat(c::p0);
-  p = Ops::add(Ops::mul(p, r), Ops::splat(c::p1));
-  p = Ops::add(Ops::mul(p, r), Ops::splat(c::p2));
-  p = Ops::add(Ops::mul(p, r), Ops::splat(c::p3));
-  p = Ops::add(Ops::mul(p, r), Ops::splat(c::p4));
-  p = Ops::add(Ops::mul(p, r), Ops::splat(c::p5));
-  F const er = Ops::add(Ops::add(Ops::mul(Ops::mul(p, r), r), r), Ops::splat(1.0f));
-  return Ops::scale_pow2(er, n, shifted, x);
-}
+// clang-format off
+#include "specdec/detail/kernels/exp_with.inl"
+// clang-format on
 
 //! `exp_nonpositive_with<scalar_exp_ops>`: exp(x) for one float x <= 0, on the host or a device.
 [[nodiscard]] SPECDEC_HOST_DEVICE inline float exp_nonpositive(float x) noexcept {

@@ -1,16 +1,6 @@
-#pragma once
 //! \file
-//! `exp_nonpositive` on the host vectors of detail/simd.hpp: the algorithm of detail/exp.hpp over
-//! `vector_exp_ops`. Internals, not API.
-
-#include <cstdint>
-#include <cstring>
-
-#include "specdec/detail/exp.hpp"
-#include "specdec/detail/simd.hpp"
-
-namespace specdec::detail {
-
+//! `exp_nonpositive` on the vectors of detail/kernels/simd.inl: the algorithm of detail/exp.hpp
+//! over `vector_exp_ops`. A kernel body, included with simd.inl (see detail/simd.hpp).
 //! The operations of `exp_nonpositive_with` on `vfloat` lanes. With AVX-512 the clamp is one
 //! maximum and the final er * 2^n (zero below the limit) one scaling instruction: scaling by a
 //! power of two rounds the exact product once, as the multiplication by 2^n does (n >= -126: 2^n
@@ -18,13 +8,13 @@ namespace specdec::detail {
 struct vector_exp_ops {
   using value = vfloat;  //!< the operand type
 
-  [[nodiscard]] SPECDEC_INLINE static vfloat splat(float c) noexcept { return detail::splat(c); }
+  [[nodiscard]] SPECDEC_INLINE static vfloat splat(float c) noexcept { return vfloat{} + c; }
   [[nodiscard]] SPECDEC_INLINE static vfloat mul(vfloat a, vfloat b) noexcept { return a * b; }
   [[nodiscard]] SPECDEC_INLINE static vfloat add(vfloat a, vfloat b) noexcept { return a + b; }
   [[nodiscard]] SPECDEC_INLINE static vfloat sub(vfloat a, vfloat b) noexcept { return a - b; }
   //! max(x, `exp_lower_limit`) lane by lane (x not NaN).
   [[nodiscard]] SPECDEC_INLINE static vfloat clamp_low(vfloat x) noexcept {
-#if SPECDEC_AVX512
+#if SPECDEC_VECTOR_EXTENSIONS && SPECDEC_KERNEL_LEVEL >= 2
     if constexpr (simd_width == 16) {
       __m512 xv;
       std::memcpy(&xv, &x, sizeof xv);
@@ -34,14 +24,14 @@ struct vector_exp_ops {
       return out;
     }
 #endif
-    vfloat const lo = detail::splat(exp_lower_limit);
+    vfloat const lo = vfloat{} + exp_lower_limit;
     return select(x > lo, x, lo);
   }
   //! er * 2^n lane by lane (n also held in the low mantissa bits of `shifted`); 0 where `x` is
   //! below `exp_lower_limit`.
   [[nodiscard]] SPECDEC_INLINE static vfloat scale_pow2(vfloat er, vfloat n, vfloat shifted,
                                                         vfloat x) noexcept {
-#if SPECDEC_AVX512
+#if SPECDEC_VECTOR_EXTENSIONS && SPECDEC_KERNEL_LEVEL >= 2
     if constexpr (simd_width == 16) {
       __m512 e, k, xv;
       std::memcpy(&e, &er, sizeof e);
@@ -62,7 +52,7 @@ struct vector_exp_ops {
     vfloat scale;
     std::memcpy(&scale, &bits, sizeof scale);
     vfloat const y = er * scale;
-    return select(x < exp_lower_limit, detail::splat(0.0f), y);
+    return select(x < exp_lower_limit, vfloat{}, y);
   }
 };
 
@@ -74,5 +64,3 @@ struct vector_exp_ops {
   return exp_nonpositive_with<vector_exp_ops>(x);
 #endif
 }
-
-}  // namespace specdec::detail
