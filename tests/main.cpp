@@ -1,2 +1,29 @@
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// The tests' main: doctest's, except that a run forced onto a CPU target (SPECDEC_CPU_TARGET,
+// core/cpu_target.hpp) that this build did not compile or this CPU cannot run is skipped with
+// ctest's skip code (tests/CMakeLists.txt runs the kernels' tests once per target). An unknown
+// name is not skipped: the tests then fail with the library's error.
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+#include "specdec/core/cpu_target.hpp"
+
+int main(int argc, char** argv) {
+  char const* const forced = std::getenv("SPECDEC_CPU_TARGET");
+  if (forced != nullptr && *forced != '\0') {
+    for (specdec::cpu_target t :
+         {specdec::cpu_target::baseline, specdec::cpu_target::avx2, specdec::cpu_target::avx512}) {
+      if (std::string_view(forced) == specdec::to_string(t) &&
+          !(specdec::cpu_target_compiled(t) && specdec::cpu_target_supported(t))) {
+        std::fprintf(
+            stderr, "skipped: CPU target %s is not %s\n", forced,
+            specdec::cpu_target_compiled(t) ? "supported by this CPU" : "compiled in this build");
+        return 77;
+      }
+    }
+  }
+  return doctest::Context(argc, argv).run();
+}

@@ -36,6 +36,7 @@
 #include "generate/strategies.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/backend/cpu/thread_pool.hpp"
+#include "specdec/core/cpu_target.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
@@ -279,6 +280,25 @@ void write_report(std::string const& path, run_output const& out, std::vector<st
   if (!file) throw std::runtime_error("--report: cannot write '" + path + "'");
 }
 
+// --verbose: the set-up, to stderr (the CPU target, the targets compiled and supported, threads).
+void print_setup(option_values const& v) {
+  std::string compiled, supported;
+  auto const add = [](std::string& list, sd::cpu_target t) {
+    list += (list.empty() ? "" : " ") + std::string(sd::to_string(t));
+  };
+  for (sd::cpu_target t :
+       {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512}) {
+    if (sd::cpu_target_compiled(t)) add(compiled, t);
+    if (sd::cpu_target_supported(t)) add(supported, t);
+  }
+  std::fprintf(stderr,
+               "specdec-generate: cpu target %s (compiled: %s; this CPU runs: %s), threads %llu, "
+               "device %s\n",
+               std::string(sd::to_string(sd::active_cpu_target())).c_str(), compiled.c_str(),
+               supported.c_str(), static_cast<unsigned long long>(v.count(opt::threads)),
+               v.text(opt::device).value_or("cpu").c_str());
+}
+
 int run(command_line const& cmd) {
   // Everything the command line names is checked before any work; what remains can only fail at
   // run time (corrupt files, mismatched vocabularies, a prompt beyond the context).
@@ -289,6 +309,10 @@ int run(command_line const& cmd) {
   sd::weight_dtype const dtype =
       sd::parse_weight_dtype(v.text(opt::dtype).value_or("f32")).value_or(sd::weight_dtype::f32);
   if (device == device_kind::cuda) require_cuda_device();  // before any file is read
+  // The CPU kernels' target, before any model is built (a model keeps the one it was built with).
+  if (auto const target = v.text(opt::cpu_target))
+    sd::set_cpu_target(sd::parse_cpu_target(*target));
+  if (v.flag(opt::verbose)) print_setup(v);
   sd::file_access const access =
       v.flag(opt::no_mmap) ? sd::file_access::read : sd::file_access::map;
   auto const weights =

@@ -21,6 +21,7 @@
 #include "specdec/core/auxiliary_batch.hpp"
 #include "specdec/core/batch_forward.hpp"
 #include "specdec/core/concepts.hpp"
+#include "specdec/core/cpu_target.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/forward.hpp"

@@ -24,6 +24,7 @@
 
 #include "generate/options.hpp"
 #include "generate/strategies.hpp"
+#include "specdec/core/cpu_target.hpp"
 #include "specdec/model/heads.hpp"
 #include "specdec/model/heads_file.hpp"
 #include "specdec/model/llama2c.hpp"
@@ -241,6 +242,34 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
     CHECK(boolean(j.at("stats").at("outputs_identical")));
     CHECK(tokens_of(j) == reference_continuation(48));
     CHECK(str(j.at("verifier")) == (c[1] == "autoregressive" ? "none" : "greedy"));
+  }
+}
+
+TEST_CASE("generate: --cpu-target and --verbose") {
+  check_error(once({"--strategy", "autoregressive", "--cpu-target", "sse9"}), 2,
+              "unknown CPU target 'sse9' (baseline, avx2, avx512)");
+  for (sd::cpu_target t :
+       {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512}) {
+    std::string const name(sd::to_string(t));
+    CAPTURE(name);
+    std::vector<std::string> const args = once({"--strategy", "draft", "--draft", model(), "-n",
+                                                "32", "--json", "--verbose", "--cpu-target", name});
+    process_result const r = gen(args);
+    // The tool is built as the tests are: the same targets compiled; the CPU is this one.
+    if (!sd::cpu_target_compiled(t)) {
+      CHECK(r.status == 2);
+      CHECK(r.err.find("is not compiled in this build") != std::string::npos);
+    } else if (!sd::cpu_target_supported(t)) {
+      CHECK(r.status == 2);
+      CHECK(r.err.find("this CPU cannot run it") != std::string::npos);
+    } else {
+      // Every target gives the greedy reference, and says which one ran.
+      REQUIRE(r.status == 0);
+      CHECK(r.err.find("cpu target " + name + " (compiled:") != std::string::npos);
+      json const j = json::parse(r.out);
+      CHECK(str(j.at("stats").at("cpu_target")) == name);
+      CHECK(tokens_of(j) == reference_continuation(32));
+    }
   }
 }
 

@@ -312,6 +312,7 @@ int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
     total["propose_seconds"] = st.propose_seconds;
     total["step_seconds"] = st.seconds;
     total["total_seconds"] = wall;
+    total["cpu_target"] = sd::to_string(sd::active_cpu_target());
     nlohmann::ordered_json j;
     j["total"] = std::move(total);
     print_json(j);

@@ -27,6 +27,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,7 @@
 #include "cli.hpp"
 #include "generate/option.hpp"
 #include "generate/strategies.hpp"
+#include "specdec/core/cpu_target.hpp"
 
 namespace generate {
 
@@ -83,6 +85,14 @@ inline constexpr option_spec dtype{
         "the models' matrices on the device: 'f32', 'f16' or 'bf16' (products accumulate in "
         "f32; f16 and bf16 need --device cuda)",
     .default_text = "f32"};
+inline constexpr option_spec cpu_target{
+    .flag = "--cpu-target",
+    .value_name = "NAME",
+    .kind = value_kind::text,
+    .help =
+        "the instruction set of the CPU kernels: 'baseline' (the build's flags), 'avx2' or "
+        "'avx512' (the build and the CPU must have it)",
+    .default_text = "SPECDEC_CPU_TARGET, else the best this CPU and build have"};
 // --no-mmap (`no_mmap`) is declared with the strategies (generate/strategies.hpp), which read
 // their head and datastore files as it says.
 inline constexpr option_spec strategy{.flag = "--strategy",
@@ -227,6 +237,11 @@ inline constexpr option_spec repeat{
     .count_lo = 1,
     .count_hi = 1000,
     .count_default = 1};
+inline constexpr option_spec verbose{
+    .flag = "--verbose",
+    .help =
+        "print the set-up to stderr before generating: the CPU target of the kernels (and the "
+        "targets compiled and supported), the threads, the device"};
 inline constexpr option_spec json{
     .flag = "--json",
     .help = "print one JSON object instead of text and table: text, tokens, stats"};
@@ -297,9 +312,9 @@ struct option_group {
 
 //! The general options by group.
 namespace general_options {
-inline constexpr option_spec const* model[] = {&opt::model,  &opt::tokenizer, &opt::device,
-                                               &opt::dtype,  &opt::threads,   &opt::context,
-                                               &opt::no_mmap};
+inline constexpr option_spec const* model[] = {&opt::model,      &opt::tokenizer, &opt::device,
+                                               &opt::dtype,      &opt::threads,   &opt::context,
+                                               &opt::cpu_target, &opt::no_mmap};
 inline constexpr option_spec const* sampling[] = {&opt::temperature,
                                                   &opt::top_k,
                                                   &opt::top_p,
@@ -316,7 +331,7 @@ inline constexpr option_spec const* generation[] = {
     &opt::prompt, &opt::prompt_file, &opt::max_new_tokens, &opt::stop, &opt::ignore_eos};
 inline constexpr option_spec const* output[] = {&opt::compare,     &opt::repeat,   &opt::json,
                                                 &opt::stream_json, &opt::logprobs, &opt::report,
-                                                &opt::report_step};
+                                                &opt::report_step, &opt::verbose};
 inline constexpr option_spec const* serving[] = {&opt::prompts, &opt::batch, &opt::speculate};
 }  // namespace general_options
 
@@ -451,6 +466,18 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
   if (dtype != "f32" && device != "cuda")
     throw usage_error("--dtype " + dtype +
                       " needs --device cuda (the CPU backend computes in float32)");
+  if (auto const target = v.text(opt::cpu_target)) {
+    std::optional<specdec::cpu_target> t;
+    for (specdec::cpu_target c :
+         {specdec::cpu_target::baseline, specdec::cpu_target::avx2, specdec::cpu_target::avx512})
+      if (*target == specdec::to_string(c)) t = c;
+    if (!t) throw usage_error("unknown CPU target '" + *target + "' (baseline, avx2, avx512)");
+    if (!specdec::cpu_target_compiled(*t))
+      throw usage_error("--cpu-target " + *target +
+                        " is not compiled in this build (its flags fix the target)");
+    if (!specdec::cpu_target_supported(*t))
+      throw usage_error("--cpu-target " + *target + ": this CPU cannot run it");
+  }
   if (given(opt::json) && given(opt::stream_json))
     throw usage_error("give --json or --stream-json, not both");
   if (given(opt::logprobs) && !given(opt::json) && !given(opt::stream_json))

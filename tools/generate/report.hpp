@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generate/strategies.hpp"
+#include "specdec/core/cpu_target.hpp"
 #include "specdec/core/stats.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/decode/common.hpp"
@@ -287,6 +288,7 @@ inline nlohmann::ordered_json stats_json(run_output const& run, comparison const
   o["verify_seconds"] = s.verify_seconds;
   o["commit_seconds"] = s.commit_seconds;
   o["total_seconds"] = s.total_seconds;
+  o["cpu_target"] = sd::to_string(sd::active_cpu_target());
   if (cmp != nullptr) {
     o["baseline_tokens_per_second"] = cmp->baseline.result.stats.tokens_per_second();
     o["baseline_total_seconds"] = cmp->baseline.result.stats.total_seconds;

@@ -45,11 +45,20 @@ struct scalar_exp_ops {
   using value = float;  //!< the operand type
 
   [[nodiscard]] SPECDEC_HOST_DEVICE static constexpr float splat(float c) noexcept { return c; }
+  //! a * b, rounded on its own: never fused with the addition that follows (on the host an empty
+  //! asm holds the product in a register, so that no flag or target turns the pair into a fused
+  //! multiply-add and every host target gives the same bits).
   [[nodiscard]] SPECDEC_HOST_DEVICE static float mul(float a, float b) noexcept {
 #if defined(__CUDA_ARCH__)
     return __fmul_rn(a, b);
 #else
-    return a * b;
+    float r = a * b;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    asm("" : "+x"(r));
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+    asm("" : "+w"(r));
+#endif
+    return r;
 #endif
   }
   [[nodiscard]] SPECDEC_HOST_DEVICE static float add(float a, float b) noexcept {

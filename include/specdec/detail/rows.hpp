@@ -8,10 +8,11 @@
 //!
 //! The passes are written once (detail/kernels/rows.inl, on the vectors of kernels/simd.inl) and
 //! compiled once per CPU target (core/cpu_target.hpp), each copy in a namespace of its own
-//! (`specdec::detail::baseline`, `::avx2`, `::avx512`) under a target pragma that also forbids
-//! fusing a multiply and an add, so that every copy gives the same bits (the baseline has no fused
-//! operation to give). The functions of this header have the names and signatures of the passes
-//! and call the copy of the active target (`active_cpu_target`, read at each call).
+//! (`specdec::detail::baseline`, `::avx2`, `::avx512`) under a target pragma. Every copy gives
+//! the same bits: the reductions run over the same logical lanes in the same order, and the exp's
+//! products are never fused with the additions that follow them (`scalar_exp_ops::mul`), which
+//! the baseline could not match. The functions of this header have the names and signatures of
+//! the passes and call the copy of the active target (`active_cpu_target`, read at each call).
 
 #include <algorithm>
 #include <bit>
@@ -81,62 +82,10 @@ template <class T, class U>
 
 }  // namespace specdec::detail
 
-// ---- the passes, once per compiled target (no fused multiply-add: see the file comment).
-
-#if defined(__clang__)
-#define SPECDEC_DETAIL_NO_CONTRACT _Pragma("clang fp contract(off)")
-#elif defined(__GNUC__)
-#define SPECDEC_DETAIL_NO_CONTRACT _Pragma("GCC optimize(\"fp-contract=off\")")
-#else
-#define SPECDEC_DETAIL_NO_CONTRACT
-#endif
-
-#if SPECDEC_TARGET_BASELINE
-namespace specdec::detail::baseline {
-#define SPECDEC_KERNEL_LEVEL 0
-// clang-format off
-#include "specdec/detail/kernels/simd.inl"
-#include "specdec/detail/kernels/exp_with.inl"
-#include "specdec/detail/kernels/simd_exp.inl"
-#include "specdec/detail/kernels/rows.inl"
-// clang-format on
-#undef SPECDEC_KERNEL_LEVEL
-}  // namespace specdec::detail::baseline
-#endif
-
-#if SPECDEC_TARGET_AVX2
-SPECDEC_BEGIN_TARGET(SPECDEC_AVX2_FEATURES)
-SPECDEC_DETAIL_NO_CONTRACT
-namespace specdec::detail::avx2 {
-#define SPECDEC_KERNEL_LEVEL 1
-// clang-format off
-#include "specdec/detail/kernels/simd.inl"
-#include "specdec/detail/kernels/exp_with.inl"
-#include "specdec/detail/kernels/simd_exp.inl"
-#include "specdec/detail/kernels/rows.inl"
-// clang-format on
-#undef SPECDEC_KERNEL_LEVEL
-}  // namespace specdec::detail::avx2
-SPECDEC_END_TARGET
-#endif
-
-#if SPECDEC_TARGET_AVX512
-SPECDEC_BEGIN_TARGET(SPECDEC_AVX512_FEATURES)
-SPECDEC_DETAIL_NO_CONTRACT
-namespace specdec::detail::avx512 {
-#define SPECDEC_KERNEL_LEVEL 2
-// clang-format off
-#include "specdec/detail/kernels/simd.inl"
-#include "specdec/detail/kernels/exp_with.inl"
-#include "specdec/detail/kernels/simd_exp.inl"
-#include "specdec/detail/kernels/rows.inl"
-// clang-format on
-#undef SPECDEC_KERNEL_LEVEL
-}  // namespace specdec::detail::avx512
-SPECDEC_END_TARGET
-#endif
-
-#undef SPECDEC_DETAIL_NO_CONTRACT
+// ---- the passes, once per compiled target.
+#define SPECDEC_EACH_TARGET_NAMESPACE specdec::detail
+#define SPECDEC_EACH_TARGET_BODY "specdec/detail/kernels/row_bodies.inl"
+#include "specdec/detail/kernels/each_target.inl"
 
 #if SPECDEC_TARGET_AVX512
 #define SPECDEC_DETAIL_ROWS_AVX512(...) \

@@ -10,10 +10,9 @@
 //! defined, the vectors are small structs of 4 lanes with the same operators, computed lane by
 //! lane (the "scalar fallback"; the tests build it with GCC to keep it correct). Every reduction
 //! the kernels make runs over `row_lanes` = 16 logical lanes combined in a fixed order whatever
-//! the width, so results do not depend on which of these is used (except that a compiler may
-//! contract a multiply and an add into one fused operation where the flags enable one, which can
-//! change the last bit of an exp; the per-target copies of detail/rows.hpp never contract, so they
-//! agree bit for bit with each other and with a build without fused operations).
+//! the width, so results do not depend on which of these is used; the exp keeps its products from
+//! being fused with the additions after them (`vector_exp_ops::mul`), so no flag or target changes
+//! its bits either.
 //!
 //! The layer itself is kernels/simd.inl and kernels/simd_exp.inl, written once and included here
 //! in `specdec::detail` at the level of the compiler flags (what the generic templates of

@@ -90,37 +90,9 @@ struct model_kernels {
 }  // namespace specdec::detail::cpu
 
 // ---- the kernel bodies, once per compiled target.
-
-#if SPECDEC_TARGET_BASELINE
-namespace specdec::detail::cpu::baseline {
-#define SPECDEC_KERNEL_LEVEL 0
-inline constexpr cpu_target this_target = cpu_target::baseline;
-#include "specdec/backend/cpu/kernels/bodies.inl"
-#undef SPECDEC_KERNEL_LEVEL
-}  // namespace specdec::detail::cpu::baseline
-#endif
-
-#if SPECDEC_TARGET_AVX2
-SPECDEC_BEGIN_TARGET(SPECDEC_AVX2_FEATURES)
-namespace specdec::detail::cpu::avx2 {
-#define SPECDEC_KERNEL_LEVEL 1
-inline constexpr cpu_target this_target = cpu_target::avx2;
-#include "specdec/backend/cpu/kernels/bodies.inl"
-#undef SPECDEC_KERNEL_LEVEL
-}  // namespace specdec::detail::cpu::avx2
-SPECDEC_END_TARGET
-#endif
-
-#if SPECDEC_TARGET_AVX512
-SPECDEC_BEGIN_TARGET(SPECDEC_AVX512_FEATURES)
-namespace specdec::detail::cpu::avx512 {
-#define SPECDEC_KERNEL_LEVEL 2
-inline constexpr cpu_target this_target = cpu_target::avx512;
-#include "specdec/backend/cpu/kernels/bodies.inl"
-#undef SPECDEC_KERNEL_LEVEL
-}  // namespace specdec::detail::cpu::avx512
-SPECDEC_END_TARGET
-#endif
+#define SPECDEC_EACH_TARGET_NAMESPACE specdec::detail::cpu
+#define SPECDEC_EACH_TARGET_BODY "specdec/backend/cpu/kernels/bodies.inl"
+#include "specdec/detail/kernels/each_target.inl"
 
 namespace specdec::detail::cpu {
 

@@ -9,9 +9,22 @@ struct vector_exp_ops {
   using value = vfloat;  //!< the operand type
 
   [[nodiscard]] SPECDEC_INLINE static vfloat splat(float c) noexcept { return vfloat{} + c; }
-  [[nodiscard]] SPECDEC_INLINE static vfloat mul(vfloat a, vfloat b) noexcept { return a * b; }
-  [[nodiscard]] SPECDEC_INLINE static vfloat add(vfloat a, vfloat b) noexcept { return a + b; }
-  [[nodiscard]] SPECDEC_INLINE static vfloat sub(vfloat a, vfloat b) noexcept { return a - b; }
+  //! a * b lane by lane, never fused with the addition that follows (as `scalar_exp_ops::mul`).
+  [[nodiscard]] SPECDEC_INLINE static vfloat mul(vfloat a, vfloat b) noexcept {
+    vfloat r = a * b;
+#if SPECDEC_VECTOR_EXTENSIONS && (defined(__x86_64__) || defined(__i386__))
+    asm("" : "+v"(r));
+#elif SPECDEC_VECTOR_EXTENSIONS && defined(__aarch64__)
+    asm("" : "+w"(r));
+#endif
+    return r;
+  }
+  [[nodiscard]] SPECDEC_INLINE static vfloat add(vfloat a, vfloat b) noexcept {
+    return a + b;
+  }
+  [[nodiscard]] SPECDEC_INLINE static vfloat sub(vfloat a, vfloat b) noexcept {
+    return a - b;
+  }
   //! max(x, `exp_lower_limit`) lane by lane (x not NaN).
   [[nodiscard]] SPECDEC_INLINE static vfloat clamp_low(vfloat x) noexcept {
 #if SPECDEC_VECTOR_EXTENSIONS && SPECDEC_KERNEL_LEVEL >= 2
@@ -51,7 +64,7 @@ struct vector_exp_ops {
     vint const bits = (ni + 127) << 23;
     vfloat scale;
     std::memcpy(&scale, &bits, sizeof scale);
-    vfloat const y = er * scale;
+    vfloat const y = mul(er, scale);
     return select(x < exp_lower_limit, vfloat{}, y);
   }
 };
