@@ -9,8 +9,12 @@
 //! target (the baseline of the flags, AVX2 + FMA, AVX-512), each copy in a namespace of its own
 //! under a `target` pragma, and the copy for the best target this CPU supports is called. When
 //! the flags already enable AVX2 + FMA (`-march=native` on an AVX2 machine) or AVX-512F, only that
-//! target is compiled, as before. Elsewhere (another compiler or architecture, or
-//! `SPECDEC_SCALAR_SIMD`), only the baseline is compiled.
+//! target is compiled, as before. Elsewhere (another compiler or architecture,
+//! `SPECDEC_SCALAR_SIMD`, or a CUDA translation unit, whose host front end cannot take the copies),
+//! only the baseline is compiled. The functions whose definition depends on the set of compiled
+//! targets live in an inline namespace named after it (`SPECDEC_TARGETS_NAMESPACE`), so that
+//! translation units compiled with different sets (a CUDA unit, a -march unit) link without two
+//! definitions of one function; the choice itself is one for the whole program.
 //!
 //! The choice: the environment variable `SPECDEC_CPU_TARGET` (`baseline`, `avx2`, `avx512`) if
 //! set, else the best compiled target the CPU supports; `set_cpu_target` changes it. A model picks
@@ -27,7 +31,7 @@
 #include "specdec/core/error.hpp"
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && \
-    !defined(SPECDEC_SCALAR_SIMD)
+    !defined(SPECDEC_SCALAR_SIMD) && !defined(__CUDACC__)
 #if defined(__AVX512F__)
 #define SPECDEC_TARGET_BASELINE 0
 #define SPECDEC_TARGET_AVX2 0
@@ -49,6 +53,12 @@
 #define SPECDEC_TARGET_AVX2 0
 #define SPECDEC_TARGET_AVX512 0
 #endif
+
+#define SPECDEC_DETAIL_TARGETS_CAT(a, b, c) targets_##a##b##c
+#define SPECDEC_DETAIL_TARGETS_NAME(a, b, c) SPECDEC_DETAIL_TARGETS_CAT(a, b, c)
+//! The inline namespace of what depends on the compiled targets (e.g. `targets_111`).
+#define SPECDEC_TARGETS_NAMESPACE \
+  SPECDEC_DETAIL_TARGETS_NAME(SPECDEC_TARGET_BASELINE, SPECDEC_TARGET_AVX2, SPECDEC_TARGET_AVX512)
 
 //! The `target` attribute string of each target compiled under a pragma.
 #define SPECDEC_AVX2_FEATURES "avx,avx2,fma,f16c"
@@ -101,6 +111,8 @@ enum class cpu_target {
                 "' (expected baseline, avx2 or avx512)");
 }
 
+inline namespace SPECDEC_TARGETS_NAMESPACE {
+
 //! Whether the kernels of this build include a copy for `t`.
 [[nodiscard]] constexpr bool cpu_target_compiled(cpu_target t) noexcept {
   switch (t) {
@@ -113,6 +125,8 @@ enum class cpu_target {
   }
   return SPECDEC_TARGET_BASELINE != 0;
 }
+
+}  // namespace SPECDEC_TARGETS_NAMESPACE
 
 //! Whether this CPU can run `t`'s instructions (the baseline always).
 [[nodiscard]] inline bool cpu_target_supported(cpu_target t) noexcept {
@@ -134,6 +148,8 @@ enum class cpu_target {
 #endif
 }
 
+inline namespace SPECDEC_TARGETS_NAMESPACE {
+
 //! The best target this build compiled and this CPU supports.
 [[nodiscard]] inline cpu_target best_cpu_target() noexcept {
   for (cpu_target t : {cpu_target::avx512, cpu_target::avx2})
@@ -141,7 +157,10 @@ enum class cpu_target {
   return cpu_target::baseline;
 }
 
+}  // namespace SPECDEC_TARGETS_NAMESPACE
+
 namespace detail {
+inline namespace SPECDEC_TARGETS_NAMESPACE {
 
 //! Throws unless this build compiled `t` and this CPU runs it.
 inline void check_cpu_target(cpu_target t, std::string_view where) {
@@ -161,7 +180,10 @@ inline cpu_target initial_cpu_target() {
   return t;
 }
 
-//! The chosen target (initialised on first use).
+}  // namespace SPECDEC_TARGETS_NAMESPACE
+
+//! The chosen target, one for the whole program (initialised on first use, by the first
+//! translation unit that asks).
 inline std::atomic<cpu_target>& cpu_target_choice() {
   static std::atomic<cpu_target> choice{initial_cpu_target()};
   return choice;
@@ -176,6 +198,8 @@ inline std::atomic<cpu_target>& cpu_target_choice() {
   return detail::cpu_target_choice().load(std::memory_order_relaxed);
 }
 
+inline namespace SPECDEC_TARGETS_NAMESPACE {
+
 //! Makes `t` the target of sampling, verification and of the models built from now on (a model
 //! keeps the target it was built with). `errc::unsupported` if this build or CPU lacks it.
 inline void set_cpu_target(cpu_target t) {
@@ -183,4 +207,5 @@ inline void set_cpu_target(cpu_target t) {
   detail::cpu_target_choice().store(t, std::memory_order_relaxed);
 }
 
+}  // namespace SPECDEC_TARGETS_NAMESPACE
 }  // namespace specdec

@@ -124,6 +124,7 @@ template <class T, class U>
   SPECDEC_DETAIL_ROWS_BASELINE(__VA_ARGS__)
 
 namespace specdec::detail {
+inline namespace SPECDEC_TARGETS_NAMESPACE {
 
 //! The maximum of x[0..n) as `summarize_row` defines it, one step of `row_lanes` at a time into
 //! one set of lane maxima (each lane keeps the first of equal values), merged lane by lane in
@@ -222,6 +223,7 @@ inline void threshold_stats(float const* x, std::size_t n, float const (&th)[K],
   SPECDEC_DETAIL_ROWS(first_non_finite(x, n))
 }
 
+}  // namespace SPECDEC_TARGETS_NAMESPACE
 }  // namespace specdec::detail
 
 #undef SPECDEC_DETAIL_ROWS

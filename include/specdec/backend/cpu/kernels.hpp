@@ -95,6 +95,7 @@ struct model_kernels {
 #include "specdec/detail/kernels/each_target.inl"
 
 namespace specdec::detail::cpu {
+inline namespace SPECDEC_TARGETS_NAMESPACE {
 
 //! The kernels of target `t`; `errc::unsupported` if this build or CPU lacks it.
 [[nodiscard]] inline model_kernels const& model_kernels_for(cpu_target t) {
@@ -123,4 +124,5 @@ namespace specdec::detail::cpu {
   return model_kernels_for(active_cpu_target());
 }
 
+}  // namespace SPECDEC_TARGETS_NAMESPACE
 }  // namespace specdec::detail::cpu
