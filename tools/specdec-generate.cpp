@@ -286,8 +286,7 @@ void print_setup(option_values const& v) {
   auto const add = [](std::string& list, sd::cpu_target t) {
     list += (list.empty() ? "" : " ") + std::string(sd::to_string(t));
   };
-  for (sd::cpu_target t :
-       {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512}) {
+  for (sd::cpu_target t : sd::all_cpu_targets) {
     if (sd::cpu_target_compiled(t)) add(compiled, t);
     if (sd::cpu_target_supported(t)) add(supported, t);
   }

@@ -452,7 +452,7 @@ TEST_CASE("the row passes give the same bits on every CPU target this machine ru
   std::mt19937_64 gen(7);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<sd::cpu_target> targets;
-  for (sd::cpu_target t : {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512})
+  for (sd::cpu_target t : sd::all_cpu_targets)
     if (sd::cpu_target_compiled(t) && sd::cpu_target_supported(t)) targets.push_back(t);
   MESSAGE(targets.size(),
           " CPU targets compiled and supported here; active: ", sd::to_string(guard.saved));
@@ -480,8 +480,7 @@ TEST_CASE("CPU targets: names, and targets this build or CPU lacks are refused")
               "unknown CPU target 'sse9'");
   CHECK(sd::cpu_target_supported(sd::cpu_target::baseline));
   CHECK(sd::cpu_target_compiled(sd::best_cpu_target()));
-  for (sd::cpu_target t :
-       {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512}) {
+  for (sd::cpu_target t : sd::all_cpu_targets) {
     if (sd::cpu_target_compiled(t) && sd::cpu_target_supported(t)) {
       sd::set_cpu_target(t);
       CHECK(sd::active_cpu_target() == t);

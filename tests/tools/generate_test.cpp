@@ -248,8 +248,7 @@ TEST_CASE("generate: greedy --compare is identical for every strategy") {
 TEST_CASE("generate: --cpu-target and --verbose") {
   check_error(once({"--strategy", "autoregressive", "--cpu-target", "sse9"}), 2,
               "unknown CPU target 'sse9' (baseline, avx2, avx512)");
-  for (sd::cpu_target t :
-       {sd::cpu_target::baseline, sd::cpu_target::avx2, sd::cpu_target::avx512}) {
+  for (sd::cpu_target t : sd::all_cpu_targets) {
     std::string const name(sd::to_string(t));
     CAPTURE(name);
     std::vector<std::string> const args = once({"--strategy", "draft", "--draft", model(), "-n",

@@ -27,7 +27,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -467,15 +466,16 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
     throw usage_error("--dtype " + dtype +
                       " needs --device cuda (the CPU backend computes in float32)");
   if (auto const target = v.text(opt::cpu_target)) {
-    std::optional<specdec::cpu_target> t;
-    for (specdec::cpu_target c :
-         {specdec::cpu_target::baseline, specdec::cpu_target::avx2, specdec::cpu_target::avx512})
-      if (*target == specdec::to_string(c)) t = c;
-    if (!t) throw usage_error("unknown CPU target '" + *target + "' (baseline, avx2, avx512)");
-    if (!specdec::cpu_target_compiled(*t))
+    specdec::cpu_target t{};
+    try {
+      t = specdec::parse_cpu_target(*target);
+    } catch (specdec::error const&) {
+      throw usage_error("unknown CPU target '" + *target + "' (baseline, avx2, avx512)");
+    }
+    if (!specdec::cpu_target_compiled(t))
       throw usage_error("--cpu-target " + *target +
                         " is not compiled in this build (its flags fix the target)");
-    if (!specdec::cpu_target_supported(*t))
+    if (!specdec::cpu_target_supported(t))
       throw usage_error("--cpu-target " + *target + ": this CPU cannot run it");
   }
   if (given(opt::json) && given(opt::stream_json))

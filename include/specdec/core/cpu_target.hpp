@@ -90,6 +90,10 @@ enum class cpu_target {
   avx512,    //!< AVX-512 F, BW, DQ and VL
 };
 
+//! Every target, in order.
+inline constexpr cpu_target all_cpu_targets[] = {cpu_target::baseline, cpu_target::avx2,
+                                                 cpu_target::avx512};
+
 //! The target's name: "baseline", "avx2" or "avx512".
 [[nodiscard]] constexpr std::string_view to_string(cpu_target t) noexcept {
   switch (t) {
@@ -105,7 +109,7 @@ enum class cpu_target {
 
 //! The target named `name` ("baseline", "avx2", "avx512"); `errc::invalid_argument` otherwise.
 [[nodiscard]] inline cpu_target parse_cpu_target(std::string_view name) {
-  for (cpu_target t : {cpu_target::baseline, cpu_target::avx2, cpu_target::avx512})
+  for (cpu_target t : all_cpu_targets)
     if (name == to_string(t)) return t;
   SPECDEC_THROW(invalid_argument, "unknown CPU target '", name,
                 "' (expected baseline, avx2 or avx512)");
