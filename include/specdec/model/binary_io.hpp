@@ -1,9 +1,10 @@
 #pragma once
 //! \file
 //! Bounds-checked little-endian reading of mapped bytes, overflow-checked size arithmetic, the
-//! finiteness check of weights, and a checked binary file writer: the building blocks of the model
-//! readers and writers.
+//! finiteness check of weights, a streaming checksum and a checked binary file writer: the building
+//! blocks of the model readers and writers.
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,88 @@ inline void check_finite(float const* x, std::uint64_t n, std::string_view where
   SPECDEC_THROW(bad_file, where, ": tensor '", tensor, "' holds ", x[i], " at element ", i, " of ",
                 n, " (weights must be finite)");
 }
+
+//! A streaming 64-bit checksum over bytes: four independent multiply-rotate lanes over 32-byte
+//! blocks (the round of xxHash64, though the result is not xxHash64), merged and avalanched at
+//! the end. Any change of one bit changes the digest; it is not cryptographic.
+class checksum64 {
+ public:
+  //! Adds `bytes` to the checksummed stream.
+  void update(std::span<std::byte const> bytes) noexcept {
+    if (bytes.empty()) return;
+    total_ += bytes.size();
+    std::size_t i = 0;
+    if (buffered_ != 0) {
+      std::size_t const take = std::min(bytes.size(), block - buffered_);
+      std::memcpy(buffer_ + buffered_, bytes.data(), take);
+      buffered_ += take;
+      i = take;
+      if (buffered_ < block) return;
+      consume(buffer_);
+      buffered_ = 0;
+    }
+    for (; i + block <= bytes.size(); i += block) consume(bytes.data() + i);
+    std::size_t const rest = bytes.size() - i;
+    if (rest != 0) std::memcpy(buffer_, bytes.data() + i, rest);
+    buffered_ = rest;
+  }
+
+  //! The checksum of everything added so far (the stream may continue afterwards).
+  [[nodiscard]] std::uint64_t digest() const noexcept {
+    std::uint64_t h = std::rotl(lane_[0], 1) + std::rotl(lane_[1], 7) + std::rotl(lane_[2], 12) +
+                      std::rotl(lane_[3], 18);
+    for (std::uint64_t const v : lane_) h = (h ^ round(0, v)) * prime1 + prime4;
+    h += static_cast<std::uint64_t>(total_);
+    std::size_t i = 0;
+    for (; i + 8 <= buffered_; i += 8)
+      h = std::rotl(h ^ round(0, load(buffer_ + i)), 27) * prime1 + prime4;
+    for (; i < buffered_; ++i)
+      h = std::rotl(h ^ (std::to_integer<std::uint64_t>(buffer_[i]) * prime5), 11) * prime1;
+    h ^= h >> 33;
+    h *= prime2;
+    h ^= h >> 29;
+    h *= prime3;
+    h ^= h >> 32;
+    return h;
+  }
+
+  //! The checksum of `bytes` alone.
+  [[nodiscard]] static std::uint64_t of(std::span<std::byte const> bytes) noexcept {
+    checksum64 c;
+    c.update(bytes);
+    return c.digest();
+  }
+
+ private:
+  static constexpr std::size_t block = 32;
+  static constexpr std::uint64_t prime1 = 0x9E3779B185EBCA87ull;
+  static constexpr std::uint64_t prime2 = 0xC2B2AE3D27D4EB4Full;
+  static constexpr std::uint64_t prime3 = 0x165667B19E3779F9ull;
+  static constexpr std::uint64_t prime4 = 0x85EBCA77C2B2AE63ull;
+  static constexpr std::uint64_t prime5 = 0x27D4EB2F165667C5ull;
+
+  static std::uint64_t load(std::byte const* p) noexcept {
+    std::uint64_t v = 0;
+    std::memcpy(&v, p, 8);
+    if constexpr (std::endian::native == std::endian::big) {
+      std::uint64_t r = 0;
+      for (int k = 0; k < 8; ++k) r = (r << 8) | ((v >> (8 * k)) & 0xFFu);
+      v = r;
+    }
+    return v;
+  }
+  static std::uint64_t round(std::uint64_t acc, std::uint64_t v) noexcept {
+    return std::rotl(acc + v * prime2, 31) * prime1;
+  }
+  void consume(std::byte const* p) noexcept {
+    for (std::size_t k = 0; k < 4; ++k) lane_[k] = round(lane_[k], load(p + 8 * k));
+  }
+
+  std::uint64_t lane_[4] = {prime1 + prime2, prime2, 0, 0 - prime1};
+  std::byte buffer_[block] = {};
+  std::size_t buffered_ = 0;
+  std::uint64_t total_ = 0;
+};
 
 //! A cursor over a byte span that reads little-endian values, throwing `errc::bad_file` (with the
 //! file name, the offset and what was being read) instead of reading past the end.
