@@ -42,6 +42,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,8 @@ struct suffix_queued {
 struct suffix_workspace {
   suffix_draft candidate;                    //!< the draft of the match length being tried
   std::vector<detail::suffix_queued> queue;  //!< tree mode's priority queue
+  //! [m - 1] where the context's last m tokens end in the tree: (node, tokens of its edge)
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> matches;
 };
 
 //! A depth-limited suffix tree over token sequences (see the file comment). Copyable.
@@ -131,6 +134,7 @@ class suffix_tree {
     nodes_[0].length = 0;
     free_.clear();
     root_children_.clear();
+    wide_children_.clear();
     sequences_.clear();
     tokens_ = 0;
   }
@@ -213,21 +217,32 @@ class suffix_tree {
                  suffix_draft& out, suffix_workspace& work) const {
     out.clear();
     suffix_draft& scratch = work.candidate;
+    // Where each matching suffix of the context ends, shortest first.
+    work.matches.clear();
     std::size_t const longest = std::min(context.size(), depth_);
     for (std::size_t m = 1; m <= longest; ++m) {
-      auto const [n, off] = locate(context.last(m));
-      if (n == none) break;
+      auto const at = locate(context.last(m));
+      if (at.first == none) break;
+      work.matches.push_back(at);
+    }
+    // Longest first, a shorter match replacing the best only with a strictly higher score (the
+    // file comment's order: the best score, ties to the longer match). A draft of b tokens scores
+    // at most b, so a match whose budget is not above the best score is not drafted.
+    for (std::size_t m = work.matches.size(); m >= 1; --m) {
       double const allowed = std::floor(static_cast<double>(m) * how.factor + how.offset + 1e-6);
       std::size_t const budget = allowed <= 0.0 ? 0
                                  : allowed >= static_cast<double>(how.max_tokens)
                                      ? how.max_tokens
                                      : static_cast<std::size_t>(allowed);
+      bool const first = m == work.matches.size();
+      if (!first && static_cast<float>(budget) <= out.score) continue;
+      auto const [n, off] = work.matches[m - 1];
       scratch.clear();
       if (how.tree)
         draft_tree_from(n, off, budget, how.min_probability, scratch, work.queue);
       else
         draft_path_from(n, off, budget, how.min_probability, scratch);
-      if (scratch.score >= out.score) {
+      if (first || scratch.score > out.score) {
         std::swap(out, scratch);
         out.match_length = m;
       }
@@ -252,7 +267,9 @@ class suffix_tree {
   //! Bytes held: nodes, the root's index, the sequences and their windows (capacities).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     std::size_t bytes = nodes_.capacity() * sizeof(node) + free_.capacity() * 4 +
-                        root_children_.capacity() * 4 + sequences_.capacity() * sizeof(sequence);
+                        root_children_.capacity() * 4 + sequences_.capacity() * sizeof(sequence) +
+                        wide_children_.bucket_count() * sizeof(void*) +
+                        wide_children_.size() * (sizeof(void*) + 16);
     for (sequence const& q : sequences_)
       bytes += q.tokens.capacity() * sizeof(token_id) + q.active.capacity() * 4;
     return bytes;
@@ -263,6 +280,7 @@ class suffix_tree {
   [[nodiscard]] std::string check() const {
     std::vector<std::uint32_t> stack;
     std::size_t reached = 0;
+    std::size_t indexed = 0;
     std::uint64_t root_sum = 0;
     for (std::size_t t = 0; t < root_children_.size(); ++t) {
       std::uint32_t const c = root_children_[t];
@@ -299,9 +317,20 @@ class suffix_tree {
         stack.push_back(c);
       }
       if (sum > x.count) return at + "children count more than the node";
+      if (std::min<std::size_t>(children, 0xFFFF) != x.children)
+        return at + "wrong number of children";
+      if (children >= wide) {
+        indexed += children;
+        for (std::uint32_t c = x.first_child; c != none; c = nodes_[c].next) {
+          auto const it = wide_children_.find(key(n, nodes_[c].token));
+          if (it == wide_children_.end() || it->second != c)
+            return at + "child missing from the index";
+        }
+      }
       if (children == 1 && sum == x.count) return at + "a single child of equal count (unmerged)";
     }
     if (reached + 1 != num_nodes()) return "unreachable nodes";
+    if (indexed != wide_children_.size()) return "stale entries in the index of wide nodes";
     // Every suffix instance is a path ending at a node's end, and the counts are the instances.
     std::vector<std::uint32_t> visits(nodes_.size(), 0);
     for (sequence_id s = 0; s < sequences_.size(); ++s) {
@@ -334,6 +363,8 @@ class suffix_tree {
 
  private:
   using queued = detail::suffix_queued;
+  //! Nodes with this many children find a child by a hash lookup instead of their sibling list.
+  static constexpr std::uint16_t wide = 8;
   struct node {
     token_id token = 0;           //!< first token of the edge
     std::uint32_t count = 0;      //!< suffix instances entering the node
@@ -342,7 +373,8 @@ class suffix_tree {
     std::uint32_t next = none;  //!< next sibling (count descending, token ascending)
     std::uint32_t seq = 0;      //!< the edge is sequences_[seq].tokens[pos, pos + length)
     std::uint32_t pos = 0;
-    std::uint32_t length = 1;
+    std::uint16_t length = 1;    //!< <= max_depth
+    std::uint16_t children = 0;  //!< number of children (saturates)
   };
   struct sequence {
     std::vector<token_id> tokens;
@@ -376,9 +408,18 @@ class suffix_tree {
       auto const t = static_cast<std::size_t>(token);
       return t < root_children_.size() ? root_children_[t] : none;
     }
+    if (nodes_[n].children >= wide) {
+      auto const it = wide_children_.find(key(n, token));
+      return it == wide_children_.end() ? none : it->second;
+    }
     for (std::uint32_t c = nodes_[n].first_child; c != none; c = nodes_[c].next)
       if (nodes_[c].token == token) return c;
     return none;
+  }
+
+  //! The key of p's child starting with `token` in wide_children_.
+  [[nodiscard]] static std::uint64_t key(std::uint32_t p, token_id token) noexcept {
+    return (std::uint64_t{p} << 32) | static_cast<std::uint32_t>(token);
   }
 
   //! Where `path` ends: its node and the tokens of that node's edge it covers (in [1, length]),
@@ -410,7 +451,8 @@ class suffix_tree {
       n = static_cast<std::uint32_t>(nodes_.size());
       nodes_.emplace_back();
     }
-    nodes_[n] = node{token, count, parent, none, none, seq, pos, length};
+    nodes_[n] =
+        node{token, count, parent, none, none, seq, pos, static_cast<std::uint16_t>(length), 0};
     return n;
   }
 
@@ -432,6 +474,14 @@ class suffix_tree {
     while (*link != none && before(*link, n)) link = &nodes_[*link].next;
     nodes_[n].next = *link;
     *link = n;
+    node& parent = nodes_[p];
+    if (parent.children < 0xFFFF) ++parent.children;
+    if (parent.children == wide) {  // p becomes wide: index all its children
+      for (std::uint32_t c = parent.first_child; c != none; c = nodes_[c].next)
+        wide_children_[key(p, nodes_[c].token)] = c;
+    } else if (parent.children > wide) {
+      wide_children_[key(p, nodes_[n].token)] = n;
+    }
   }
 
   //! Unlinks n from p's children.
@@ -444,6 +494,11 @@ class suffix_tree {
     while (*link != n) link = &nodes_[*link].next;
     *link = nodes_[n].next;
     nodes_[n].next = none;
+    node& parent = nodes_[p];
+    if (parent.children >= wide) wide_children_.erase(key(p, nodes_[n].token));
+    // Every removal is followed by an insertion under the same parent (a child moved to its new
+    // place in the order, or replaced by a split): a wide node stays indexed meanwhile.
+    if (parent.children < 0xFFFF) --parent.children;
   }
 
   //! Replaces child `old` of p by `now` at the same place (same count and token).
@@ -456,6 +511,7 @@ class suffix_tree {
     while (*link != old) link = &nodes_[*link].next;
     nodes_[now].next = nodes_[old].next;
     *link = now;
+    if (nodes_[p].children >= wide) wide_children_[key(p, nodes_[now].token)] = now;
   }
 
   //! The suffix ending at node x (of sequence s) grows by `token`, at position `at` of s; returns
@@ -482,7 +538,7 @@ class suffix_tree {
         std::uint32_t const p = nodes_[x].parent;
         node& n = nodes_[c];
         n.token = nodes_[x].token;
-        n.length = nodes_[x].length + 1;
+        n.length = static_cast<std::uint16_t>(nodes_[x].length + 1);
         n.count += 1;
         n.parent = p;
         n.seq = s;
@@ -520,6 +576,7 @@ class suffix_tree {
     rest.parent = m;
     rest.next = none;
     nodes_[m].first_child = c;
+    nodes_[m].children = 1;
     insert_child(x, m);
     return m;
   }
@@ -585,6 +642,8 @@ class suffix_tree {
   std::vector<node> nodes_;                   //!< [0] is the root
   std::vector<std::uint32_t> free_;           //!< released nodes, reused first
   std::vector<std::uint32_t> root_children_;  //!< [token] the root's child, or none
+  //! (node, token) -> child, for the children of nodes with at least `wide` children
+  std::unordered_map<std::uint64_t, std::uint32_t> wide_children_;
   std::vector<sequence> sequences_;
   std::size_t tokens_ = 0;
 };
