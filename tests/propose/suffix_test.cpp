@@ -281,9 +281,11 @@ TEST_CASE("suffix proposer: drafts the local and the global continuation") {
     sd::suffix_proposer first(cache, {});
     std::vector<sd::token_id> const prompt{20, 21};
     first.begin(prompt);
-    sd::verify_result r;
-    r.tokens = earlier;
-    first.accept(r);
+    // The output reaches the cache with the context of the next step.
+    std::vector<sd::token_id> context = prompt;
+    context.insert(context.end(), earlier.begin(), earlier.end());
+    sd::draft_tree scratch(16);
+    first.propose(propose_test::make_ctx(context, 8), scratch);
     CHECK(cache->output(first.output()) == earlier);
   }  // finished when destroyed
   CHECK(cache->requests() == 1);

@@ -33,6 +33,7 @@
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
+#include "specdec/propose/suffix.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
@@ -396,6 +397,19 @@ int run_batch(batch_session const& s) {
                                        std::to_string(datastore->size()) +
                                        "-entry datastore, depth " + std::to_string(c.depth) + ", " +
                                        std::to_string(c.max_nodes) + " nodes");
+  }
+  if (s.chosen.name == "suffix") {
+    // One global tree shared by every request's proposer; each has its local tree.
+    auto const cache = load_suffix_cache(v, static_cast<std::size_t>(s.weights->config.vocab_size));
+    sd::suffix_config const c = suffix_config_of(v);
+    std::string const description = suffix_description(c, *cache) + ", per request";
+    int const status = [&] {
+      sd::per_request_proposer<sd::suffix_proposer> proposer(
+          [cache, c] { return sd::suffix_proposer(cache, c); });
+      return with_verifier(proposer, description);
+    }();
+    save_suffix_cache(v, *cache);
+    return status;
   }
   if (s.chosen.name == "draft") {
     // One draft model serves every request from its own slots (one draft forward per draft

@@ -79,6 +79,18 @@ run_output run_rest(session& s) {
                             " nodes");
 }
 
+run_output run_suffix(session& s) {
+  auto const cache = load_suffix_cache(s.values, s.target.vocab_size());
+  sd::suffix_config const c = suffix_config_of(s.values);
+  std::string const description = suffix_description(c, *cache);
+  run_output out = [&] {
+    sd::suffix_proposer proposer(cache, c);
+    return run_candidates(s, proposer, description);
+  }();
+  save_suffix_cache(s.values, *cache);
+  return out;
+}
+
 run_output run_lookahead(session& s) {
   sd::lookahead_config const c = lookahead_config_of(s.values);
   sd::lookahead_proposer proposer(c);

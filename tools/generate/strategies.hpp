@@ -66,6 +66,7 @@
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/sparse_kv.hpp"
 #include "specdec/propose/sparse_tree.hpp"
+#include "specdec/propose/suffix.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
@@ -436,6 +437,60 @@ inline constexpr option_spec rest_ngram_min{
     .count_lo = 1,
     .count_hi = 256,
     .count_default = sd::rest_config{}.n_min};
+//! suffix: the trees' depth.
+inline constexpr option_spec suffix_depth{.flag = "--suffix-depth",
+                                          .value_name = "N",
+                                          .kind = value_kind::count,
+                                          .help = "longest suffix the local and global trees keep",
+                                          .count_lo = 1,
+                                          .count_hi = sd::suffix_tree::max_depth,
+                                          .count_default = sd::suffix_cache_config{}.depth};
+//! suffix: the most tokens drafted.
+inline constexpr option_spec suffix_tokens{
+    .flag = "--suffix-tokens",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "most tokens drafted per step (nodes, with --suffix-tree)",
+    .count_lo = 1,
+    .count_hi = 4095,
+    .count_default = sd::suffix_speculation{}.max_tokens};
+//! suffix: tokens allowed per matched token.
+inline constexpr option_spec suffix_factor{
+    .flag = "--suffix-factor",
+    .value_name = "F",
+    .kind = value_kind::real,
+    .help = "a match of m tokens allows floor(m F) tokens drafted",
+    .real_lo = 0.0f,
+    .real_hi = 4096.0f,
+    .real_default = sd::suffix_speculation{}.factor};
+//! suffix: the least probability drafted.
+inline constexpr option_spec suffix_min_prob{
+    .flag = "--suffix-min-prob",
+    .value_name = "P",
+    .kind = value_kind::real,
+    .help = "continuations the trees' counts give a probability below P are not drafted",
+    .real_lo = 0.0f,
+    .real_hi = 1.0f,
+    .real_default = sd::suffix_speculation{}.min_probability};
+//! suffix: best-first trees instead of paths.
+inline constexpr option_spec suffix_tree{
+    .flag = "--suffix-tree",
+    .help = "draft a best-first tree of the likeliest continuations instead of one path"};
+//! suffix: the persistent global tree.
+inline constexpr option_spec suffix_cache{
+    .flag = "--suffix-cache",
+    .value_name = "PATH",
+    .kind = value_kind::text,
+    .help = "the global tree's file: loaded first when it exists, written back at the end"};
+//! suffix: the outputs the global tree keeps.
+inline constexpr option_spec suffix_requests{
+    .flag = "--suffix-requests",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "outputs the global tree keeps (oldest dropped first)",
+    .count_lo = 1,
+    .count_hi = std::uint64_t{1} << 32,
+    .count_default = sd::suffix_cache_config{}.max_requests};
 //! lookahead: the window's width.
 inline constexpr option_spec lookahead_window{.flag = "--lookahead-window",
                                               .value_name = "W",
@@ -770,6 +825,57 @@ run_output run_rest(session& s);
 
 //! lookahead: a Jacobi window (auxiliary tokens) feeds an n-gram pool whose candidates for the
 //! last token are verified as a tree, both in one forward.
+//! The suffix proposer's configuration from --suffix-*.
+inline sd::suffix_config suffix_config_of(option_values const& v) {
+  sd::suffix_config c;
+  c.depth = static_cast<std::size_t>(v.count(opt::suffix_depth));
+  c.speculation.max_tokens = static_cast<std::size_t>(v.count(opt::suffix_tokens));
+  c.speculation.factor = v.real(opt::suffix_factor);
+  c.speculation.min_probability = v.real(opt::suffix_min_prob);
+  c.speculation.tree = v.flag(opt::suffix_tree);
+  return c;
+}
+
+//! The global tree from --suffix-*: empty, or loaded from --suffix-cache when that file exists.
+inline std::shared_ptr<sd::suffix_cache> load_suffix_cache(option_values const& v,
+                                                           std::size_t vocab) {
+  auto cache = std::make_shared<sd::suffix_cache>(sd::suffix_cache_config{
+      .depth = static_cast<std::size_t>(v.count(opt::suffix_depth)),
+      .max_requests = static_cast<std::size_t>(v.count(opt::suffix_requests)),
+      .vocab_size = vocab});
+  if (auto const path = v.text(opt::suffix_cache); path && std::filesystem::exists(*path))
+    cache->load(*path);
+  return cache;
+}
+
+//! Describes the global tree on stderr (outputs, tokens, nodes, memory per token held) and writes
+//! it back to --suffix-cache, when given.
+inline void save_suffix_cache(option_values const& v, sd::suffix_cache const& cache) {
+  std::size_t const tokens = cache.tokens();
+  std::size_t const bytes = cache.memory_bytes();
+  std::fprintf(stderr,
+               "  %-22s %zu outputs, %zu tokens, %zu nodes, %.1f KiB (%.1f bytes per token held), "
+               "%zu outputs evicted\n",
+               "suffix cache", cache.requests(), tokens, cache.nodes(),
+               static_cast<double>(bytes) / 1024.0,
+               tokens == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(tokens),
+               cache.evicted());
+  if (auto const path = v.text(opt::suffix_cache)) cache.save(*path);
+}
+
+//! "suffix trees, depth 24, paths of <= 16 tokens, ...": the configuration in words.
+inline std::string suffix_description(sd::suffix_config const& c, sd::suffix_cache const& cache) {
+  return "suffix trees (local and global, " + std::to_string(cache.requests()) +
+         " outputs cached), depth " + std::to_string(c.depth) + ", " +
+         (c.speculation.tree ? "trees of <= " : "paths of <= ") +
+         std::to_string(c.speculation.max_tokens) + " tokens, min probability " +
+         option_spec::number_text(c.speculation.min_probability);
+}
+
+//! suffix: continuations of the context in suffix trees of the request's own text and of earlier
+//! outputs draft a path or a tree (SuffixDecoding).
+run_output run_suffix(session& s);
+
 //! The lookahead configuration from --lookahead-*.
 inline sd::lookahead_config lookahead_config_of(option_values const& v) {
   return {.window = static_cast<std::size_t>(v.count(opt::lookahead_window)),
@@ -961,6 +1067,9 @@ inline constexpr option_spec const* prompt_lookup[] = {&opt::lookup_depth, &opt:
                                                        &opt::lookup_ngram, &opt::lookup_ngram_min};
 inline constexpr option_spec const* rest[] = {&opt::datastore, &opt::rest_depth, &opt::rest_nodes,
                                               &opt::rest_ngram, &opt::rest_ngram_min};
+inline constexpr option_spec const* suffix[] = {
+    &opt::suffix_depth, &opt::suffix_tokens, &opt::suffix_factor,  &opt::suffix_min_prob,
+    &opt::suffix_tree,  &opt::suffix_cache,  &opt::suffix_requests};
 inline constexpr option_spec const* lookahead[] = {&opt::lookahead_window, &opt::lookahead_ngram,
                                                    &opt::lookahead_guesses};
 inline constexpr option_spec const* jacobi[] = {&opt::jacobi_block};
@@ -1003,6 +1112,11 @@ inline constexpr strategy strategies[] = {
      .options = strategy_options::rest,
      .check = check_ngram<opt::rest_ngram, opt::rest_ngram_min>,
      .run = run_rest},
+    {.name = "suffix",
+     .help = "continuations found in suffix trees of the request's text and of earlier outputs "
+             "draft a path or a tree (SuffixDecoding)",
+     .options = strategy_options::suffix,
+     .run = run_suffix},
     {.name = "lookahead",
      .help = "a Jacobi window feeds an n-gram pool whose candidates are verified as a tree",
      .options = strategy_options::lookahead,

@@ -486,8 +486,10 @@ class suffix_proposer {
     }
   }
 
-  //! The step's committed tokens join the local tree and the request's output in the cache.
-  void accept(verify_result const& result) { add(result.tokens); }
+  //! Nothing: the committed tokens join the local tree and the output at the next `propose`, from
+  //! its context (a step's result may hold tokens past the request's end that are never
+  //! emitted, which the cache must not take for output; the last step's tokens are left out).
+  void accept(verify_result const&) noexcept {}
 
   //! The node budget: `speculation.max_tokens`.
   [[nodiscard]] std::size_t max_nodes() const noexcept { return config_.speculation.max_tokens; }

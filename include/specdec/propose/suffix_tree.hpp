@@ -42,7 +42,6 @@
 #include <limits>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -101,6 +100,68 @@ struct suffix_queued {
   std::uint32_t off;    //!< tokens of the node's edge already drafted
   std::int32_t parent;  //!< draft index of its parent, -1 for the root
   std::uint32_t order;  //!< queue order, for ties
+};
+}  // namespace detail
+
+namespace detail {
+//! A map from 64-bit keys (never ~0) to 32-bit values that only grows: open addressing with
+//! linear probing in a power-of-two table at most half full.
+class suffix_child_index {
+ public:
+  static constexpr std::uint32_t none = 0xFFFFFFFFu;  //!< no value
+
+  //! The value of `key`, or none.
+  [[nodiscard]] std::uint32_t find(std::uint64_t key) const noexcept {
+    if (keys_.empty()) return none;
+    std::size_t const mask = keys_.size() - 1;
+    for (std::size_t i = slot(key, mask);; i = (i + 1) & mask) {
+      if (keys_[i] == key) return values_[i];
+      if (keys_[i] == empty) return none;
+    }
+  }
+  //! Sets the value of `key`.
+  void set(std::uint64_t key, std::uint32_t value) {
+    if (2 * (used_ + 1) > keys_.size()) grow();
+    std::size_t const mask = keys_.size() - 1;
+    std::size_t i = slot(key, mask);
+    while (keys_[i] != key && keys_[i] != empty) i = (i + 1) & mask;
+    if (keys_[i] == empty) {
+      keys_[i] = key;
+      ++used_;
+    }
+    values_[i] = value;
+  }
+  //! Forgets every key.
+  void clear() noexcept {
+    keys_.clear();
+    values_.clear();
+    used_ = 0;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return used_; }  //!< keys held
+  //! Bytes held.
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return keys_.capacity() * sizeof(std::uint64_t) + values_.capacity() * sizeof(std::uint32_t);
+  }
+
+ private:
+  static constexpr std::uint64_t empty = ~std::uint64_t{0};
+  [[nodiscard]] static std::size_t slot(std::uint64_t key, std::size_t mask) noexcept {
+    std::uint64_t h = key * 0x9E3779B97F4A7C15ull;
+    return static_cast<std::size_t>(h ^ (h >> 32)) & mask;
+  }
+  void grow() {
+    std::vector<std::uint64_t> keys(std::max<std::size_t>(64, 2 * keys_.size()), empty);
+    std::vector<std::uint32_t> values(keys.size(), none);
+    keys.swap(keys_);
+    values.swap(values_);
+    used_ = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != empty) set(keys[i], values[i]);
+  }
+
+  std::vector<std::uint64_t> keys_;
+  std::vector<std::uint32_t> values_;
+  std::size_t used_ = 0;
 };
 }  // namespace detail
 
@@ -170,9 +231,10 @@ class suffix_tree {
     ++tokens_;
     ++nodes_[0].count;
     auto const at = static_cast<std::uint32_t>(q.tokens.size() - 1);
+    std::size_t slot = q.head;
     for (std::size_t i = 0; i < q.count; ++i) {
-      std::uint32_t& slot = q.active[(q.head + i) % depth_];
-      slot = extend(slot, s, token, at);
+      q.active[slot] = extend(q.active[slot], s, token, at);
+      if (++slot == depth_) slot = 0;
     }
   }
 
@@ -235,8 +297,18 @@ class suffix_tree {
                                      ? how.max_tokens
                                      : static_cast<std::size_t>(allowed);
       bool const first = m == work.matches.size();
-      if (!first && static_cast<float>(budget) <= out.score) continue;
       auto const [n, off] = work.matches[m - 1];
+      // Every drafted token's probability is at most the first one's (the edge's 1, or the most
+      // frequent child's share): a draft whose bound, with room for rounding, does not exceed the
+      // best score cannot replace it.
+      if (!first) {
+        node const& x = nodes_[n];
+        float const p1 = off < x.length          ? 1.0f
+                         : x.first_child == none ? 0.0f
+                                                 : static_cast<float>(nodes_[x.first_child].count) /
+                                                       static_cast<float>(x.count);
+        if (static_cast<float>(budget) * p1 * 1.001f <= out.score) continue;
+      }
       scratch.clear();
       if (how.tree)
         draft_tree_from(n, off, budget, how.min_probability, scratch, work.queue);
@@ -268,8 +340,7 @@ class suffix_tree {
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     std::size_t bytes = nodes_.capacity() * sizeof(node) + free_.capacity() * 4 +
                         root_children_.capacity() * 4 + sequences_.capacity() * sizeof(sequence) +
-                        wide_children_.bucket_count() * sizeof(void*) +
-                        wide_children_.size() * (sizeof(void*) + 16);
+                        wide_children_.memory_bytes();
     for (sequence const& q : sequences_)
       bytes += q.tokens.capacity() * sizeof(token_id) + q.active.capacity() * 4;
     return bytes;
@@ -322,8 +393,7 @@ class suffix_tree {
       if (children >= wide) {
         indexed += children;
         for (std::uint32_t c = x.first_child; c != none; c = nodes_[c].next) {
-          auto const it = wide_children_.find(key(n, nodes_[c].token));
-          if (it == wide_children_.end() || it->second != c)
+          if (wide_children_.find(key(n, nodes_[c].token)) != c)
             return at + "child missing from the index";
         }
       }
@@ -408,10 +478,7 @@ class suffix_tree {
       auto const t = static_cast<std::size_t>(token);
       return t < root_children_.size() ? root_children_[t] : none;
     }
-    if (nodes_[n].children >= wide) {
-      auto const it = wide_children_.find(key(n, token));
-      return it == wide_children_.end() ? none : it->second;
-    }
+    if (nodes_[n].children >= wide) return wide_children_.find(key(n, token));
     for (std::uint32_t c = nodes_[n].first_child; c != none; c = nodes_[c].next)
       if (nodes_[c].token == token) return c;
     return none;
@@ -428,14 +495,17 @@ class suffix_tree {
       std::span<token_id const> path) const noexcept {
     std::uint32_t n = 0;
     std::uint32_t off = 0;
+    token_id const* edge = nullptr;  // the tokens of n's edge
     for (token_id const t : path) {
       if (off == nodes_[n].length) {
-        n = child(n, t);
+        n = child(n, t);  // its edge starts with t
         if (n == none) return {none, 0};
-        off = 0;
+        node const& x = nodes_[n];
+        edge = sequences_[x.seq].tokens.data() + x.pos;
+        off = 1;
+        continue;
       }
-      node const& x = nodes_[n];
-      if (sequences_[x.seq].tokens[x.pos + off] != t) return {none, 0};
+      if (edge[off] != t) return {none, 0};
       ++off;
     }
     return {n, off};
@@ -478,30 +548,27 @@ class suffix_tree {
     if (parent.children < 0xFFFF) ++parent.children;
     if (parent.children == wide) {  // p becomes wide: index all its children
       for (std::uint32_t c = parent.first_child; c != none; c = nodes_[c].next)
-        wide_children_[key(p, nodes_[c].token)] = c;
+        wide_children_.set(key(p, nodes_[c].token), c);
     } else if (parent.children > wide) {
-      wide_children_[key(p, nodes_[n].token)] = n;
+      wide_children_.set(key(p, nodes_[n].token), n);
     }
   }
 
-  //! Unlinks n from p's children.
-  void remove_child(std::uint32_t p, std::uint32_t n) {
-    if (p == 0) {
-      root_children_[static_cast<std::size_t>(nodes_[n].token)] = none;
-      return;
-    }
+  //! After n's count grew, moves n forward among p's children to its place in the order (the
+  //! index of a wide node is unchanged: same parent, same token).
+  void promote(std::uint32_t p, std::uint32_t n) {
+    if (p == 0) return;
     std::uint32_t* link = &nodes_[p].first_child;
+    while (*link != n && before(*link, n)) link = &nodes_[*link].next;
+    if (*link == n) return;  // in place already
+    std::uint32_t* const to = link;
     while (*link != n) link = &nodes_[*link].next;
     *link = nodes_[n].next;
-    nodes_[n].next = none;
-    node& parent = nodes_[p];
-    if (parent.children >= wide) wide_children_.erase(key(p, nodes_[n].token));
-    // Every removal is followed by an insertion under the same parent (a child moved to its new
-    // place in the order, or replaced by a split): a wide node stays indexed meanwhile.
-    if (parent.children < 0xFFFF) --parent.children;
+    nodes_[n].next = *to;
+    *to = n;
   }
 
-  //! Replaces child `old` of p by `now` at the same place (same count and token).
+  //! Replaces child `old` of p by `now` (same first token) at the same place in the order.
   void replace_child(std::uint32_t p, std::uint32_t old, std::uint32_t now) {
     if (p == 0) {
       root_children_[static_cast<std::size_t>(nodes_[now].token)] = now;
@@ -511,7 +578,7 @@ class suffix_tree {
     while (*link != old) link = &nodes_[*link].next;
     nodes_[now].next = nodes_[old].next;
     *link = now;
-    if (nodes_[p].children >= wide) wide_children_[key(p, nodes_[now].token)] = now;
+    if (nodes_[p].children >= wide) wide_children_.set(key(p, nodes_[now].token), now);
   }
 
   //! The suffix ending at node x (of sequence s) grows by `token`, at position `at` of s; returns
@@ -558,17 +625,16 @@ class suffix_tree {
       return x;
     }
     if (nodes_[c].length == 1) {
-      remove_child(x, c);
       node& n = nodes_[c];
       ++n.count;
       n.seq = s;
       n.pos = at;
-      insert_child(x, c);
+      promote(x, c);
       return c;
     }
-    // Split c after its first token: the new node m ends where this instance ends.
-    remove_child(x, c);
+    // Split c after its first token: the new node m, in c's place, ends where this instance ends.
     std::uint32_t const m = new_node(token, nodes_[c].count + 1, x, s, at, 1);
+    replace_child(x, c, m);
     node& rest = nodes_[c];
     --rest.length;
     ++rest.pos;
@@ -577,7 +643,7 @@ class suffix_tree {
     rest.next = none;
     nodes_[m].first_child = c;
     nodes_[m].children = 1;
-    insert_child(x, m);
+    promote(x, m);
     return m;
   }
 
@@ -643,7 +709,7 @@ class suffix_tree {
   std::vector<std::uint32_t> free_;           //!< released nodes, reused first
   std::vector<std::uint32_t> root_children_;  //!< [token] the root's child, or none
   //! (node, token) -> child, for the children of nodes with at least `wide` children
-  std::unordered_map<std::uint64_t, std::uint32_t> wide_children_;
+  detail::suffix_child_index wide_children_;
   std::vector<sequence> sequences_;
   std::size_t tokens_ = 0;
 };
