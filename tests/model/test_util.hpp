@@ -15,16 +15,11 @@
 #include <string_view>
 #include <vector>
 
+#include "support/files.hpp"
+
 namespace specdec::test {
 
-inline std::vector<std::byte> read_bytes(std::filesystem::path const& p) {
-  std::ifstream in(p, std::ios::binary);
-  REQUIRE_MESSAGE(in.is_open(), "cannot read ", p.string());
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(chars.size());
-  if (!chars.empty()) std::memcpy(out.data(), chars.data(), chars.size());
-  return out;
-}
+using test_support::read_bytes;
 
 inline void write_bytes(std::filesystem::path const& p, std::vector<std::byte> const& bytes,
                         std::size_t count) {

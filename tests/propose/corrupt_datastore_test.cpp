@@ -32,11 +32,7 @@ TEST_CASE("corrupted REST datastore files are refused or queried" * doctest::ski
     builder.add(fixture::tok512().encode(story, false));
   auto const good = dir.file("good.sdrest");
   builder.build().save(good);
-  std::ifstream in(good, std::ios::binary);
-  std::vector<char> const chars((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
+  std::vector<std::byte> const bytes = test_support::read_bytes(good);
 
   // The file's checksums made to match its bytes again: the payload's (at 48, over [64, end))
   // and the header's (at 56, over [0, 56)).

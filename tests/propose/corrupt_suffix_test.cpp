@@ -33,11 +33,7 @@ TEST_CASE("corrupted suffix cache files are refused or loaded and used" * doctes
   }
   auto const good = dir.file("good.sdsuffix");
   cache.save(good);
-  std::ifstream in(good, std::ios::binary);
-  std::vector<char> const chars((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
+  std::vector<std::byte> const bytes = test_support::read_bytes(good);
 
   // The file's checksums made to match its bytes again: the payload's (at 32, over [48, end))
   // and the header's (at 40, over [0, 40)).

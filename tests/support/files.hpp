@@ -1,19 +1,34 @@
 #pragma once
 // Where the tests find their files, and where they write their own: the model fixtures
-// (SPECDEC_MODEL_DIR), the data sets (SPECDEC_DATA_DIR), files of the source tree, and temporary
-// directories. ctest sets both variables (tests/CMakeLists.txt); a missing variable or file FAILS
-// the test with a message that names it, it never skips.
+// (SPECDEC_MODEL_DIR), the data sets (SPECDEC_DATA_DIR), files of the source tree, temporary
+// directories, and the bytes of a file. ctest sets both variables (tests/CMakeLists.txt); a missing
+// variable or file FAILS the test with a message that names it, it never skips.
 
 #include "support/doctest.hpp"
 
 #include <unistd.h>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace test_support {
+
+// The bytes of the file at `p` (fails the test when it cannot be read).
+inline std::vector<std::byte> read_bytes(std::filesystem::path const& p) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE_MESSAGE(in.is_open(), "cannot read ", p.string());
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(chars.size());
+  if (!chars.empty()) std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
 
 // The directory named by the environment variable `var`; fails the test when it is unset or not a
 // directory.

@@ -180,6 +180,46 @@ TEST_CASE("generate --prompts: adaptive speculation and REST keep greedy outputs
   }
 }
 
+TEST_CASE("generate --prompts: suffix decoding keeps greedy outputs and warms its cache file") {
+  std::string const file = prompts_file(4);
+  std::vector<std::string> const prompts = prompts_of(file);
+  fs::path const cache = tools_test::scratch_dir() / "suffix_batch.sdsuffix";
+  fs::remove(cache);
+  std::vector<std::string> const suffix = {"--strategy", "suffix", "--suffix-cache",
+                                           cache.string()};
+  std::vector<json> alone;
+  for (std::string const& p : prompts)
+    alone.push_back(gen_json({"--prompt", p, "-n", "32", "--strategy", "autoregressive"}));
+  double accepted[2] = {};
+  for (int run = 0; run < 2; ++run) {  // the second run starts from the first one's file
+    CAPTURE(run);
+    std::vector<std::string> args = {"--prompts", file, "--batch", "4", "-n", "32"};
+    args.insert(args.end(), suffix.begin(), suffix.end());
+    if (run == 1) args.push_back("--suffix-tree");
+    batch_output const b = batch_json(args);
+    REQUIRE(b.requests.size() == 4);
+    for (std::int64_t line = 1; line <= 4; ++line) {
+      CAPTURE(line);
+      CHECK(tokens_of(b.requests.at(line)) == tokens_of(alone[static_cast<std::size_t>(line - 1)]));
+    }
+    CHECK(fs::exists(cache));
+    accepted[run] = num(b.total.at("accepted"));
+  }
+  CHECK(accepted[1] > 2 * accepted[0]);  // the same prompts again: the outputs are in the cache
+  // A single request drafts from the file as well.
+  std::vector<std::string> one = {"--prompt", prompts[0], "-n", "32"};
+  one.insert(one.end(), suffix.begin(), suffix.end());
+  json const warm = gen_json(one);
+  CHECK(tokens_of(warm) == tokens_of(alone[0]));
+  // A damaged file is refused, naming it.
+  {
+    std::fstream f(cache, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(60);
+    f.put('\x7f');
+  }
+  check_error(one, 1, "suffix_cache: '" + cache.string() + "'");
+}
+
 TEST_CASE("generate --prompts: one draft model serves the batch, greedy and sampled") {
   std::string const file = prompts_file(4);
   std::vector<std::string> const prompts = prompts_of(file);

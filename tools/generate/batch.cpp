@@ -408,7 +408,7 @@ int run_batch(batch_session const& s) {
           [cache, c] { return sd::suffix_proposer(cache, c); });
       return with_verifier(proposer, description);
     }();
-    save_suffix_cache(v, *cache);
+    save_suffix_cache(v, *cache, !v.flag(opt::json));
     return status;
   }
   if (s.chosen.name == "draft") {

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "generate/options.hpp"
 #include "generate/strategies.hpp"
 
 namespace generate {
@@ -87,7 +88,7 @@ run_output run_suffix(session& s) {
     sd::suffix_proposer proposer(cache, c);
     return run_candidates(s, proposer, description);
   }();
-  save_suffix_cache(s.values, *cache);
+  save_suffix_cache(s.values, *cache, !s.values.flag(opt::json));
   return out;
 }
 

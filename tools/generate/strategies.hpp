@@ -848,18 +848,20 @@ inline std::shared_ptr<sd::suffix_cache> load_suffix_cache(option_values const& 
   return cache;
 }
 
-//! Describes the global tree on stderr (outputs, tokens, nodes, memory per token held) and writes
-//! it back to --suffix-cache, when given.
-inline void save_suffix_cache(option_values const& v, sd::suffix_cache const& cache) {
+//! Describes the global tree on stderr when `describe` (outputs, tokens, nodes, memory per token
+//! held) and writes it back to --suffix-cache, when given.
+inline void save_suffix_cache(option_values const& v, sd::suffix_cache const& cache,
+                              bool describe) {
   std::size_t const tokens = cache.tokens();
   std::size_t const bytes = cache.memory_bytes();
-  std::fprintf(stderr,
-               "  %-22s %zu outputs, %zu tokens, %zu nodes, %.1f KiB (%.1f bytes per token held), "
-               "%zu outputs evicted\n",
-               "suffix cache", cache.requests(), tokens, cache.nodes(),
-               static_cast<double>(bytes) / 1024.0,
-               tokens == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(tokens),
-               cache.evicted());
+  if (describe)
+    std::fprintf(stderr,
+                 "  %-22s %zu outputs, %zu tokens, %zu nodes, %.1f KiB (%.1f bytes per token "
+                 "held), %zu outputs evicted\n",
+                 "suffix cache", cache.requests(), tokens, cache.nodes(),
+                 static_cast<double>(bytes) / 1024.0,
+                 tokens == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(tokens),
+                 cache.evicted());
   if (auto const path = v.text(opt::suffix_cache)) cache.save(*path);
 }
 

@@ -178,33 +178,27 @@ class suffix_cache {
     std::string const where = "suffix_cache: '" + path.string() + "'";
     std::span<std::byte const> const bytes = file->bytes();
     detail::byte_reader r(bytes, where);
-    std::span<std::byte const> const head = r.take(header_size, "the header");
-    SPECDEC_CHECK(std::memcmp(head.data(), magic, 8) == 0, bad_file, where,
+    std::span<std::byte const> const magic_bytes = r.take(8, "the header");
+    SPECDEC_CHECK(std::memcmp(magic_bytes.data(), magic, 8) == 0, bad_file, where,
                   ": not a suffix cache (bad magic)");
-    auto const u32 = [&](std::size_t off) {
-      std::uint32_t v = 0;
-      std::memcpy(&v, head.data() + off, 4);
-      return v;
-    };
-    auto const u64 = [&](std::size_t off) {
-      std::uint64_t v = 0;
-      std::memcpy(&v, head.data() + off, 8);
-      return v;
-    };
-    SPECDEC_CHECK(u32(8) == format_version, unsupported, where, ": format version ", u32(8),
+    auto const version = r.read<std::uint32_t>("the version");
+    SPECDEC_CHECK(version == format_version, unsupported, where, ": format version ", version,
                   ", this build reads version ", format_version);
-    SPECDEC_CHECK(detail::checksum64::of(head.first(40)) == u64(40), bad_file, where,
-                  ": the header checksum does not match (corrupt header)");
-    std::uint64_t const sequences = u64(16);
-    std::uint64_t const tokens = u64(24);
+    (void)r.read<std::uint32_t>("the depth");  // the writer's; the sequences fit any depth
+    auto const sequences = r.read<std::uint64_t>("the number of sequences");
+    auto const tokens = r.read<std::uint64_t>("the number of tokens");
+    auto const payload_sum = r.read<std::uint64_t>("the payload checksum");
+    SPECDEC_CHECK(detail::checksum64::of(bytes.first(40)) == r.read<std::uint64_t>("the header "
+                                                                                   "checksum"),
+                  bad_file, where, ": the header checksum does not match (corrupt header)");
     std::uint64_t const payload = r.remaining();
     SPECDEC_CHECK(
         sequences <= payload / 4 && tokens <= payload / 4 && 4 * (sequences + tokens) == payload,
         bad_file, where, ": ", sequences, " sequences of ", tokens, " tokens in all need ",
         4 * (sequences + tokens), " payload bytes, the file has ", payload,
         payload < 4 * (sequences + tokens) ? " (truncated)" : "");
-    SPECDEC_CHECK(detail::checksum64::of(bytes.subspan(header_size)) == u64(32), bad_file, where,
-                  ": the payload checksum does not match (corrupt file)");
+    SPECDEC_CHECK(detail::checksum64::of(bytes.subspan(header_size)) == payload_sum, bad_file,
+                  where, ": the payload checksum does not match (corrupt file)");
     std::size_t const vocab =
         config_.vocab_size != 0 ? config_.vocab_size : std::size_t{suffix_tree::max_token} + 1;
     std::vector<std::span<token_id const>> spans;

@@ -34,6 +34,9 @@
 //! tokens under the tree's statistics; the best score wins (ties: the longer match).
 //!
 //! Thread safety: none; `suffix_cache` (propose/suffix.hpp) shares one tree between threads.
+//!
+//! Its length is one topic's: the tree's update rules, its queries and `check()`, the invariant
+//! checker the tests rely on, belong together (each rule is checked against the others).
 
 #include <algorithm>
 #include <cmath>
