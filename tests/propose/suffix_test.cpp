@@ -89,6 +89,7 @@ struct reference {
         out.match_length = m;
       }
     }
+    if (out.size() == 0) out.match_length = 0;
   }
 
   void emit(sd::suffix_draft& d, sd::token_id t, std::int32_t parent, float p) const {

@@ -31,7 +31,8 @@
 //!   first), each popped one drafted, its own continuations (the rest of its edge at the same
 //!   probability, or its children at their probabilities if at least `min_probability`) queued.
 //! The score of a draft is the sum of its nodes' probabilities, the expected number of accepted
-//! tokens under the tree's statistics; the best score wins (ties: the longer match).
+//! tokens under the tree's statistics; the best score wins (ties: the longer match; an empty draft
+//! reports no match).
 //!
 //! Thread safety: none; `suffix_cache` (propose/suffix.hpp) shares one tree between threads.
 //!
@@ -81,7 +82,7 @@ struct suffix_draft {
   std::vector<std::int32_t> parents;  //!< [n] index of each token's parent, -1 for the root
   std::vector<float> probabilities;   //!< [n] each token's estimated probability of acceptance
   float score = 0.0f;                 //!< sum of probabilities
-  std::size_t match_length = 0;       //!< tokens of context matched (0: no match)
+  std::size_t match_length = 0;       //!< tokens of context matched (0: nothing drafted)
 
   //! Empties the draft (keeps capacity).
   void clear() noexcept {
@@ -289,6 +290,10 @@ class suffix_tree {
       auto const at = locate(context.last(m));
       if (at.first == none) break;
       work.matches.push_back(at);
+      // One occurrence and nothing after it (in a request's own tree: the context's own end):
+      // every longer match is that occurrence again, with nothing to draft.
+      node const& x = nodes_[at.first];
+      if (x.count == 1 && at.second == x.length && x.first_child == none) break;
     }
     // Longest first, a shorter match replacing the best only with a strictly higher score (the
     // file comment's order: the best score, ties to the longer match). A draft of b tokens scores
@@ -322,6 +327,7 @@ class suffix_tree {
         out.match_length = m;
       }
     }
+    if (out.size() == 0) out.match_length = 0;
   }
 
   //! As above, with a workspace of its own (allocates).
