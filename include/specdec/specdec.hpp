@@ -63,6 +63,8 @@
 #include "specdec/propose/rest_datastore.hpp"
 #include "specdec/propose/sparse_kv.hpp"
 #include "specdec/propose/sparse_tree.hpp"
+#include "specdec/propose/suffix.hpp"
+#include "specdec/propose/suffix_tree.hpp"
 
 // kv/: KV cache layouts.
 #include "specdec/kv/contiguous_cache.hpp"
