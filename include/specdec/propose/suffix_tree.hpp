@@ -169,12 +169,22 @@ class suffix_child_index {
 };
 }  // namespace detail
 
+namespace detail {
+//! A match length queued for drafting, with the bound of its draft's score and its budget.
+struct suffix_candidate {
+  float bound;
+  std::uint32_t m;
+  std::uint32_t budget;
+};
+}  // namespace detail
+
 //! Scratch of `suffix_tree::speculate`, reused across calls (one per thread).
 struct suffix_workspace {
   suffix_draft candidate;                    //!< the draft of the match length being tried
   std::vector<detail::suffix_queued> queue;  //!< tree mode's priority queue
   //! [m - 1] where the context's last m tokens end in the tree: (node, tokens of its edge)
   std::vector<std::pair<std::uint32_t, std::uint32_t>> matches;
+  std::vector<detail::suffix_candidate> order;  //!< the matches by decreasing bound
 };
 
 //! A depth-limited suffix tree over token sequences (see the file comment). Copyable.
@@ -295,37 +305,51 @@ class suffix_tree {
       node const& x = nodes_[at.first];
       if (x.count == 1 && at.second == x.length && x.first_child == none) break;
     }
-    // Longest first, a shorter match replacing the best only with a strictly higher score (the
-    // file comment's order: the best score, ties to the longer match). A draft of b tokens scores
-    // at most b, so a match whose budget is not above the best score is not drafted.
-    for (std::size_t m = work.matches.size(); m >= 1; --m) {
+    // Each match's bound: a draft of b tokens below depth m has none of probability above the
+    // first one's (the edge's 1, or the most frequent child's share), and depth - m levels. Matches
+    // are drafted by decreasing bound (ties: the longer first) and one whose bound, with room for
+    // rounding, does not exceed the best score is not drafted: it could not win. The winner is the
+    // file comment's (the best score, ties to the longer match).
+    work.order.clear();
+    for (std::size_t m = 1; m <= work.matches.size(); ++m) {
       double const allowed = std::floor(static_cast<double>(m) * how.factor + how.offset + 1e-6);
       std::size_t const budget = allowed <= 0.0 ? 0
                                  : allowed >= static_cast<double>(how.max_tokens)
                                      ? how.max_tokens
                                      : static_cast<std::size_t>(allowed);
-      bool const first = m == work.matches.size();
       auto const [n, off] = work.matches[m - 1];
-      // Every drafted token's probability is at most the first one's (the edge's 1, or the most
-      // frequent child's share): a draft whose bound, with room for rounding, does not exceed the
-      // best score cannot replace it.
-      if (!first) {
-        node const& x = nodes_[n];
-        float const p1 = off < x.length          ? 1.0f
-                         : x.first_child == none ? 0.0f
-                                                 : static_cast<float>(nodes_[x.first_child].count) /
-                                                       static_cast<float>(x.count);
-        if (static_cast<float>(budget) * p1 * 1.001f <= out.score) continue;
-      }
+      node const& x = nodes_[n];
+      float const p1 = off < x.length          ? 1.0f
+                       : x.first_child == none ? 0.0f
+                                               : static_cast<float>(nodes_[x.first_child].count) /
+                                                     static_cast<float>(x.count);
+      // A path has at most one token per level; a tree's tokens of one level share at most
+      // probability 1.
+      auto const levels = static_cast<float>(depth_ - m);
+      float const bound = (how.tree ? std::min(static_cast<float>(budget) * p1, levels)
+                                    : std::min(static_cast<float>(budget), levels) * p1) *
+                          1.001f;
+      work.order.push_back(
+          {bound, static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(budget)});
+    }
+    std::sort(work.order.begin(), work.order.end(), [](auto const& a, auto const& b) {
+      return a.bound != b.bound ? a.bound > b.bound : a.m > b.m;
+    });
+    bool any = false;
+    for (detail::suffix_candidate const& c : work.order) {
+      if (any && c.bound <= out.score) break;  // sorted: no later bound is higher
+      auto const [n, off] = work.matches[c.m - 1];
       scratch.clear();
       if (how.tree)
-        draft_tree_from(n, off, budget, how.min_probability, scratch, work.queue);
+        draft_tree_from(n, off, c.budget, how.min_probability, scratch, work.queue);
       else
-        draft_path_from(n, off, budget, how.min_probability, scratch);
-      if (first || scratch.score > out.score) {
+        draft_path_from(n, off, c.budget, how.min_probability, scratch);
+      if (!any || scratch.score > out.score ||
+          (scratch.score == out.score && c.m > out.match_length)) {
         std::swap(out, scratch);
-        out.match_length = m;
+        out.match_length = c.m;
       }
+      any = true;
     }
     if (out.size() == 0) out.match_length = 0;
   }
