@@ -14,12 +14,12 @@
 //! the tree is canonical, the same for the same multiset of sequences, whatever the order in which
 //! their tokens were appended). Children are kept in order of count descending, then token id
 //! ascending, so the most frequent child is the first (O(1)); the root's children are also
-//! indexed by token id.
+//! indexed by token id, and those of a node with at least 8 children by a hash index.
 //!
 //! Appending a token to a sequence costs O(depth) node updates (each of the sequence's at most
 //! `depth` active suffixes, kept in a ring, moves one token deeper), plus the walks along sibling
-//! lists to find and reorder a child (short below the root, where children are few and the
-//! frequent ones come first).
+//! lists of fewer than 8 children to find a child, and the move of a child whose count grew
+//! forward past the siblings it now outranks.
 //!
 //! Drafting (`speculate`), for a context c: for each match length m = 1, 2, ... up to min(|c|,
 //! depth) whose last m tokens of c occur in the tree (stopping at the first m that does not), up to
@@ -32,7 +32,9 @@
 //!   probability, or its children at their probabilities if at least `min_probability`) queued.
 //! The score of a draft is the sum of its nodes' probabilities, the expected number of accepted
 //! tokens under the tree's statistics; the best score wins (ties: the longer match; an empty draft
-//! reports no match).
+//! reports no match). `speculate` finds that winner with few drafts: it drafts the matches by
+//! decreasing bound of their score and stops at the first bound the best score reaches, and it
+//! stops the search for longer matches at one with a single occurrence and nothing after it.
 //!
 //! Thread safety: none; `suffix_cache` (propose/suffix.hpp) shares one tree between threads.
 //!
