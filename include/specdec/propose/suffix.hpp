@@ -168,9 +168,9 @@ class suffix_cache {
                   "': ", ec.message());
   }
 
-  //! Adds the outputs saved in `path` as finished outputs, oldest first, ahead of nothing already
-  //! here (they are appended after the outputs kept now), then evicts beyond the bounds. The file
-  //! is checked completely before anything is added. Throws `errc::io` when it cannot be read,
+  //! Adds the outputs saved in `path` as finished outputs, in their saved order, after the outputs
+  //! kept now (so they are the newest), then evicts beyond the bounds. The file is checked
+  //! completely before anything is added. Throws `errc::io` when it cannot be read,
   //! `errc::bad_file` when it is truncated, corrupt or not a suffix cache (or holds a token id
   //! outside the vocabulary), `errc::unsupported` for another format version.
   void load(std::filesystem::path const& path, file_access access = file_access::read) {
