@@ -330,15 +330,8 @@ struct fixture_setup {
   static fixture_setup& get() {
     static fixture_setup s = [] {
       fixture_setup x;
-      auto const models = bench::shared_dir("SPECDEC_MODEL_DIR", "models");
-      auto const data = bench::shared_dir("SPECDEC_DATA_DIR", "data");
-      auto const weights = std::make_shared<sd::llama_weights const>(
-          sd::load_model(bench::require(models / "stories260K.bin")));
-      sd::tokenizer const tok =
-          sd::load_tokenizer(models / "stories260K.bin", bench::require(models / "tok512.bin"));
-      for (std::string const& text :
-           bench::jsonl_strings(bench::require(data / "tinystories_prompts.jsonl"), "prompt"))
-        x.prompts.push_back(tok.encode(text, true));
+      auto const& weights = bench::stories260k();
+      x.prompts = bench::fixture_prompts();
       x.model = std::make_unique<sd::cpu_batched_llama>(
           weights, sd::cpu_batched_llama_options{
                        .model = {.threads = 1},

@@ -281,19 +281,12 @@ struct fixture {
   static fixture const& get() {
     static fixture const f = [] {
       fixture x;
-      fs::path const models = shared_dir("SPECDEC_MODEL_DIR", "models");
-      fs::path const data = shared_dir("SPECDEC_DATA_DIR", "data");
-      x.weights = std::make_shared<sd::llama_weights const>(
-          sd::load_model(require(models / "stories260K.bin")));
-      sd::tokenizer const tok =
-          sd::load_tokenizer(models / "stories260K.bin", require(models / "tok512.bin"));
+      x.weights = bench::stories260k();
       fs::path const draft_file =
           fs::path(__FILE__).parent_path().parent_path() / "tools" / "draft" / "stories_draft.bin";
       if (fs::exists(draft_file))
         x.draft = std::make_shared<sd::llama_weights const>(sd::load_model(draft_file));
-      for (std::string const& text :
-           bench::jsonl_strings(require(data / "tinystories_prompts.jsonl"), "prompt"))
-        x.prompts.push_back(tok.encode(text, true));
+      x.prompts = bench::fixture_prompts();
       if (x.prompts.size() != 14) {
         std::fprintf(stderr, "bench_e2e: expected 14 prompts, read %zu\n", x.prompts.size());
         std::exit(1);
@@ -563,12 +556,10 @@ std::shared_ptr<sd::rest_datastore const> rest_datastore(int source) {
       b.add(ar.generate(bos).tokens);
     }
   } else {
-    fs::path const models = shared_dir("SPECDEC_MODEL_DIR", "models");
-    sd::tokenizer const tok = sd::load_tokenizer(models / "stories260K.bin", models / "tok512.bin");
     for (std::string const& text : bench::jsonl_strings(
              require(shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl"),
              "story"))
-      b.add(tok.encode(text, false));
+      b.add(bench::tok512().encode(text, false));
   }
   cache[source] = std::make_shared<sd::rest_datastore const>(b.build());
   return cache[source];

@@ -53,14 +53,11 @@ struct workload {
 
 workload const& the_workload() {
   static workload const w = [] {
-    auto const models = bench::shared_dir("SPECDEC_MODEL_DIR", "models");
     auto const data = bench::shared_dir("SPECDEC_DATA_DIR", "data");
-    sd::tokenizer const tok =
-        sd::load_tokenizer(models / "stories260K.bin", bench::require(models / "tok512.bin"));
     std::vector<std::vector<sd::token_id>> stories;
     for (std::string const& s :
          bench::jsonl_strings(bench::require(data / "tinystories_prompts.jsonl"), "story"))
-      stories.push_back(tok.encode(s, false));
+      stories.push_back(bench::tok512().encode(s, false));
     workload out;
     for (int r = 0; r < 20; ++r)
       for (auto const& s : stories) out.copies.push_back(s);
@@ -123,24 +120,14 @@ BENCHMARK(BM_suffix_append)->Unit(benchmark::kMillisecond);
 // Seconds per token of greedy autoregressive decoding on the fixture (1 thread), best of 3.
 double seconds_per_token() {
   static double const seconds = [] {
-    auto const models = bench::shared_dir("SPECDEC_MODEL_DIR", "models");
-    auto const data = bench::shared_dir("SPECDEC_DATA_DIR", "data");
-    auto const weights = std::make_shared<sd::llama_weights const>(
-        sd::load_model(bench::require(models / "stories260K.bin")));
-    sd::tokenizer const tok =
-        sd::load_tokenizer(models / "stories260K.bin", bench::require(models / "tok512.bin"));
-    std::vector<std::vector<sd::token_id>> prompts;
-    for (std::string const& s :
-         bench::jsonl_strings(bench::require(data / "tinystories_prompts.jsonl"), "prompt"))
-      prompts.push_back(tok.encode(s, true));
-    sd::cpu_llama model(weights, {.threads = 1});
+    sd::cpu_llama model(bench::stories260k(), {.threads = 1});
     sd::decode_config config;
     config.max_new_tokens = 64;
     sd::autoregressive_decoder ar(model, sd::greedy{}, config);
     std::size_t tokens = 0;
     double const total = best_seconds(3, [&] {
       tokens = 0;
-      for (auto const& p : prompts) tokens += ar.generate(p).tokens.size();
+      for (auto const& p : bench::fixture_prompts()) tokens += ar.generate(p).tokens.size();
     });
     return total / static_cast<double>(tokens);
   }();

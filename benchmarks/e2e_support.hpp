@@ -1,7 +1,8 @@
 #pragma once
-// What the end-to-end benchmarks (bench_e2e, bench_batch) share: where the fixture files are, the
-// environment's counts, the random-weight target of the stories110M shape, medians, and the
-// oracle proposer that drafts a target's own greedy continuation with a set acceptance rate.
+// What the end-to-end benchmarks (bench_e2e, bench_batch, bench_suffix) share: where the fixture
+// files are, the fixture and its prompts, the environment's counts, the random-weight target of the
+// stories110M shape, medians, and the oracle proposer that drafts a target's own greedy
+// continuation with a set acceptance rate.
 
 #include <algorithm>
 #include <chrono>
@@ -12,10 +13,12 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "jsonl.hpp"
 #include "specdec/core/draft_tree.hpp"
 #include "specdec/core/error.hpp"
 #include "specdec/core/philox.hpp"
@@ -23,7 +26,9 @@
 #include "specdec/core/types.hpp"
 #include "specdec/core/verify_result.hpp"
 #include "specdec/model/llama_weights.hpp"
+#include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
+#include "specdec/model/tokenizer.hpp"
 
 namespace bench {
 
@@ -41,6 +46,36 @@ inline std::filesystem::path require(std::filesystem::path const& p) {
     std::exit(1);
   }
   return p;
+}
+
+//! The stories260K fixture's weights, loaded once.
+inline std::shared_ptr<specdec::llama_weights const> const& stories260k() {
+  static std::shared_ptr<specdec::llama_weights const> const w =
+      std::make_shared<specdec::llama_weights const>(specdec::load_model(
+          require(shared_dir("SPECDEC_MODEL_DIR", "models") / "stories260K.bin")));
+  return w;
+}
+
+//! The fixture's tokenizer (tok512.bin), loaded once.
+inline specdec::tokenizer const& tok512() {
+  static specdec::tokenizer const t = [] {
+    auto const models = shared_dir("SPECDEC_MODEL_DIR", "models");
+    return specdec::load_tokenizer(models / "stories260K.bin", require(models / "tok512.bin"));
+  }();
+  return t;
+}
+
+//! The 14 prompts of tinystories_prompts.jsonl, encoded with BOS, loaded once.
+inline std::vector<std::vector<specdec::token_id>> const& fixture_prompts() {
+  static std::vector<std::vector<specdec::token_id>> const prompts = [] {
+    std::vector<std::vector<specdec::token_id>> out;
+    for (std::string const& text : jsonl_strings(
+             require(shared_dir("SPECDEC_DATA_DIR", "data") / "tinystories_prompts.jsonl"),
+             "prompt"))
+      out.push_back(tok512().encode(text, true));
+    return out;
+  }();
+  return prompts;
 }
 
 //! The positive count in environment variable `var`, else `fallback`.
