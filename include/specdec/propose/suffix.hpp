@@ -403,6 +403,46 @@ struct suffix_config {
   }
 };
 
+namespace detail {
+//! A request's output in a `suffix_cache`, finished when this handle is destroyed or reset
+//! (move-only: the moved-from handle holds none). The cache must outlive it.
+class suffix_output {
+ public:
+  suffix_output() = default;
+  suffix_output(suffix_output&& other) noexcept
+      : cache_(other.cache_), id_(std::exchange(other.id_, 0)) {}
+  suffix_output& operator=(suffix_output&&) = delete;
+  ~suffix_output() { reset(); }
+
+  //! Finishes the current output, if any, and starts a new one in `cache`.
+  void start(suffix_cache& cache) {
+    reset();
+    cache_ = &cache;
+    id_ = cache.start();
+  }
+  //! Finishes the current output, if any.
+  void reset() noexcept {
+    if (id_ != 0) {
+      try {
+        cache_->finish(id_);
+      } catch (...) {  // eviction could not allocate: the output stays, active
+      }
+    }
+    id_ = 0;
+  }
+  //! The output's handle in the cache (0: none).
+  [[nodiscard]] suffix_cache::request_id id() const noexcept { return id_; }
+  //! Appends `tokens` to the output, when there is one.
+  void append(std::span<token_id const> tokens) const {
+    if (id_ != 0) cache_->append(id_, tokens);
+  }
+
+ private:
+  suffix_cache* cache_ = nullptr;
+  suffix_cache::request_id id_ = 0;
+};
+}  // namespace detail
+
 //! Where a `suffix_proposer`'s draft came from.
 enum class suffix_source { none, local, global };
 
@@ -420,30 +460,16 @@ class suffix_proposer {
   //! A proposer drafting from its request's own text and from `cache` (null: from its own text
   //! alone), with `config` (validated: `errc::invalid_argument`).
   explicit suffix_proposer(std::shared_ptr<suffix_cache> cache, suffix_config config = {})
-      : cache_(std::move(cache)), config_((config.validate(), config)), local_(config_.depth) {}
-  suffix_proposer(suffix_proposer&& other) noexcept
-      : cache_(std::move(other.cache_)),
-        config_(other.config_),
-        local_(std::move(other.local_)),
-        sequence_(other.sequence_),
-        request_(std::exchange(other.request_, 0)),
-        history_(std::move(other.history_)),
-        local_draft_(std::move(other.local_draft_)),
-        global_draft_(std::move(other.global_draft_)),
-        work_(std::move(other.work_)),
-        slots_(std::move(other.slots_)),
-        source_(other.source_),
-        drafted_from_(other.drafted_from_) {}
-  suffix_proposer& operator=(suffix_proposer&&) = delete;
-  suffix_proposer(suffix_proposer const&) = delete;
-  suffix_proposer& operator=(suffix_proposer const&) = delete;
-  ~suffix_proposer() { end_output(); }
+      : cache_(std::move(cache)),
+        config_((config.validate(), config)),
+        local_(config_.depth),
+        sequence_(local_.add_sequence()) {}
 
   //! Starts a request: the local tree holds the prompt; a new output starts in the cache.
   void begin(std::span<token_id const> prompt) {
-    end_output();
+    output_.reset();
     restart_local(prompt);
-    if (cache_) request_ = cache_->start();
+    if (cache_) output_.start(*cache_);
   }
 
   //! Drafts under ctx.tokens.back() at most min(max_tokens, ctx.max_nodes) nodes: the
@@ -498,51 +524,39 @@ class suffix_proposer {
   //! The local tree (prompt and output).
   [[nodiscard]] suffix_tree const& local() const noexcept { return local_; }
   //! The request's output handle in the cache (0 when none).
-  [[nodiscard]] suffix_cache::request_id output() const noexcept { return request_; }
+  [[nodiscard]] suffix_cache::request_id output() const noexcept { return output_.id(); }
 
  private:
   void restart_local(std::span<token_id const> tokens) {
     local_.clear();
     sequence_ = local_.add_sequence();
     local_.extend(sequence_, tokens);
-    history_.assign(tokens.begin(), tokens.end());
   }
 
   //! Tokens committed after the history: to the local tree and the output.
   void add(std::span<token_id const> tokens) {
     if (tokens.empty()) return;
     local_.extend(sequence_, tokens);
-    history_.insert(history_.end(), tokens.begin(), tokens.end());
-    if (cache_ && request_ != 0) cache_->append(request_, tokens);
+    output_.append(tokens);
   }
 
   //! Brings the history up to `tokens`; restarts the local tree when `tokens` does not extend it
   //! (a caller that did not call `begin`, or edited its sequence).
   void sync(std::span<token_id const> tokens) {
-    if (!detail::extends_history(history_, tokens) || history_.empty()) {
+    std::span<token_id const> const history = local_.sequence_tokens(sequence_);
+    if (!detail::extends_history(history, tokens) || history.empty()) {
       restart_local(tokens);
-      if (cache_ && request_ == 0) request_ = cache_->start();
+      if (cache_ && output_.id() == 0) output_.start(*cache_);
       return;
     }
-    add(tokens.subspan(history_.size()));
-  }
-
-  void end_output() noexcept {
-    if (cache_ && request_ != 0) {
-      try {
-        cache_->finish(request_);
-      } catch (...) {  // eviction could not allocate: the output stays, active
-      }
-    }
-    request_ = 0;
+    add(tokens.subspan(history.size()));
   }
 
   std::shared_ptr<suffix_cache> cache_;
   suffix_config config_;
   suffix_tree local_;
   suffix_tree::sequence_id sequence_ = 0;
-  suffix_cache::request_id request_ = 0;
-  std::vector<token_id> history_;  //!< tokens in the local tree
+  detail::suffix_output output_;  //!< the request's output in cache_ (declared after it)
   suffix_draft local_draft_;
   suffix_draft global_draft_;
   suffix_workspace work_;
