@@ -1,0 +1,242 @@
+#pragma once
+//! \file
+//! Constrained sampling: the `constraint` concept (a grammar's state machine over tokens) and
+//! `constrained`, the policy that applies one to any sampling policy.
+//!
+//! `constrained<Policy, Constraint>` is an `incremental_policy` (core/concepts.hpp): its state is
+//! the constraint's state after the output so far, so the verifiers advance it along each tree
+//! path (`detail::path_states`, verify/detail/walk.hpp) and mask every node's row with the state
+//! reached along that node's own path; the decoders advance nothing themselves (a rejected node's
+//! state is simply never used again). Its distribution is the wrapped policy's applied to the
+//! logits with every token the constraint does not allow set to -inf (as vLLM, SGLang and
+//! llama.cpp apply grammars): for temperature alone that is the policy's distribution renormalised
+//! over the allowed tokens; top-k, top-p and min-p then choose among allowed tokens only, so a
+//! row never loses all its mass to the mask. Verification of a constrained policy is therefore
+//! exact with respect to the constrained distribution: every verifier that is lossless for a
+//! policy is lossless for its constrained version.
+//!
+//! The constraint covers the output only: the first `prefix_length` tokens of every history (the
+//! prompt) are not read.
+
+#include <algorithm>
+#include <bit>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/concepts.hpp"
+#include "specdec/core/error.hpp"
+#include "specdec/core/philox.hpp"
+#include "specdec/core/types.hpp"
+#include "specdec/sampling/policy.hpp"
+
+namespace specdec {
+
+//! A constraint on the output: a state machine over tokens.
+//!
+//! Requirements:
+//! - `state_type`, copyable: the state after some output (copied once per tree node).
+//! - `c.start()`: the state before any output.
+//! - `c.advance(state, token) -> bool`: moves by one token; false when the token is not allowed
+//!   (the state is then unusable). Why: the verifiers advance along tree paths, the decoder along
+//!   its committed tokens.
+//! - `c.allowed(state)`: the allowed tokens, a bitmask of ceil(vocab / 64) words (bit t of word
+//!   t / 64). Why: masking a row is a pass over words, and the bitmask is what a device kernel
+//!   uploads.
+//! - `c.can_end(state)`: whether the output may end here (an end token is then allowed).
+//! - `c.forced(state)`: the only allowed token, or `no_token`. Why: a forced token is a draft that
+//!   is accepted by construction.
+//! - `c.vocab_size()`: the vocabulary the masks cover.
+template <class C>
+concept constraint = std::copyable<typename C::state_type> &&
+    requires(C const& c, typename C::state_type& s, typename C::state_type const& cs, token_id t) {
+  { c.start() } -> std::same_as<typename C::state_type>;
+  { c.advance(s, t) } -> std::same_as<bool>;
+  { c.allowed(cs) } -> std::convertible_to<std::span<std::uint64_t const>>;
+  { c.can_end(cs) } -> std::convertible_to<bool>;
+  { c.forced(cs) } -> std::same_as<token_id>;
+  { c.vocab_size() } -> std::convertible_to<std::size_t>;
+};
+
+namespace detail {
+
+//! Writes `logits` into `out` with the tokens not in `mask` set to -inf (`out` may be `logits`).
+inline void apply_token_mask(std::span<float const> logits, std::span<std::uint64_t const> mask,
+                             std::span<float> out) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  std::size_t const vocab = logits.size();
+  for (std::size_t w = 0; w * 64 < vocab; ++w) {
+    std::uint64_t const bits = mask[w];
+    std::size_t const base = w * 64;
+    std::size_t const end = std::min<std::size_t>(base + 64, vocab);
+    for (std::size_t i = base; i < end; ++i)
+      out[i] = ((bits >> (i - base)) & 1u) != 0 ? logits[i] : ninf;
+  }
+}
+
+//! The argmax of `logits` among the tokens in `mask` (ties to the lowest id), or `no_token` when
+//! the mask is empty. NaN logits are skipped (the caller checks the chosen one).
+inline token_id masked_argmax(std::span<float const> logits, std::span<std::uint64_t const> mask) {
+  token_id best = no_token;
+  float best_v = -std::numeric_limits<float>::infinity();
+  for (std::size_t w = 0; w * 64 < logits.size(); ++w) {
+    for (std::uint64_t bits = mask[w]; bits != 0; bits &= bits - 1) {
+      std::size_t const i = w * 64 + static_cast<std::size_t>(std::countr_zero(bits));
+      if (i >= logits.size()) break;
+      if (best == no_token || logits[i] > best_v) {
+        best = static_cast<token_id>(i);
+        best_v = logits[i];
+      }
+    }
+  }
+  return best;
+}
+
+//! Whether a policy's distribution reads the history (penalties): otherwise a constrained policy
+//! need not materialise the path to each node.
+template <class Policy>
+[[nodiscard]] bool reads_history(Policy const& p) {
+  if constexpr (requires { p.params().repetition_penalty; }) {
+    auto const& q = p.params();
+    return q.repetition_penalty != 1.0f || q.frequency_penalty != 0.0f ||
+           q.presence_penalty != 0.0f;
+  } else {
+    return true;
+  }
+}
+
+}  // namespace detail
+
+//! `Policy` under `Constraint` (see the file comment). Shares the constraint (its token tables are
+//! cached across requests and threads); each request gets its own `constrained` with its prompt
+//! length.
+template <sampling_policy Policy, constraint Constraint>
+class constrained {
+ public:
+  //! Masks are applied on the host only.
+  static constexpr bool device_supported = false;
+
+  //! The state after some output: the constraint's, with the history it started from and the
+  //! path since (for a policy that reads the history). It refers to that history (a view), as the
+  //! verifiers' per-tree states do: valid while the history is.
+  struct state_type {
+    typename Constraint::state_type at{};
+    token_history committed;
+    std::vector<token_id> path;
+  };
+
+  //! `policy` under `constraint`, for a request whose first `prefix_length` tokens (the prompt)
+  //! are not output. Throws `errc::invalid_argument` for a null constraint.
+  constrained(Policy policy, std::shared_ptr<Constraint const> constraint,
+              std::size_t prefix_length)
+      : policy_(std::move(policy)),
+        constraint_(std::move(constraint)),
+        prefix_(prefix_length),
+        history_(false) {
+    SPECDEC_CHECK(constraint_ != nullptr, invalid_argument, "constrained: no constraint");
+    history_ = detail::reads_history(policy_);
+  }
+
+  [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
+  [[nodiscard]] Constraint const& constraint() const noexcept { return *constraint_; }
+  [[nodiscard]] std::shared_ptr<Constraint const> const& shared_constraint() const noexcept {
+    return constraint_;
+  }
+  [[nodiscard]] std::size_t prefix_length() const noexcept { return prefix_; }
+  [[nodiscard]] decltype(auto) params() const noexcept { return policy_.params(); }
+  [[nodiscard]] bool is_greedy() const noexcept { return policy_.is_greedy(); }
+
+  //! The state after `history` (its tokens from `prefix_length()` on are the output). Throws
+  //! `errc::invalid_argument` naming the first output token the constraint does not allow.
+  [[nodiscard]] state_type begin(token_history history) const {
+    state_type s;
+    s.at = constraint_->start();
+    s.committed = history;
+    std::span<token_id const> const tokens = history.tokens();
+    for (std::size_t i = prefix_; i < tokens.size(); ++i)
+      SPECDEC_CHECK(constraint_->advance(s.at, tokens[i]), invalid_argument,
+                    "constrained: output token ", i - prefix_, " (", tokens[i],
+                    ") breaks the constraint");
+    return s;
+  }
+  //! Moves `s` by `token` (a state that breaks the constraint is never scored: see the file
+  //! comment).
+  void advance(state_type& s, token_id token) const {
+    (void)constraint_->advance(s.at, token);
+    if (history_) s.path.push_back(token);
+  }
+
+  //! The constrained distribution at state `s`.
+  void distribution(std::span<float const> logits, state_type const& s,
+                    std::span<float> probs) const {
+    detail::check_row_shapes(logits, probs, "constrained::distribution");
+    std::span<std::uint64_t const> const mask = allowed(s, logits.size());
+    detail::apply_token_mask(logits, mask, probs);
+    policy_.distribution(std::span<float const>(probs.data(), probs.size()), history(s), probs);
+  }
+  //! The constrained distribution after `history`.
+  void distribution(std::span<float const> logits, token_history history,
+                    std::span<float> probs) const {
+    distribution(logits, begin(history), probs);
+  }
+  //! The constrained greedy token at state `s`.
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits, state_type const& s) const {
+    SPECDEC_CHECK(!logits.empty(), invalid_argument, "constrained::greedy_token: empty row");
+    std::span<std::uint64_t const> const mask = allowed(s, logits.size());
+    if constexpr (std::same_as<Policy, greedy>) {
+      token_id const t = detail::masked_argmax(logits, mask);
+      return t;
+    } else {
+      std::vector<float>& tmp = detail::thread_scratch<float, 4>(logits.size());
+      std::span<float> const row(tmp.data(), logits.size());
+      detail::apply_token_mask(logits, mask, row);
+      return policy_.greedy_token(std::span<float const>(row), history(s));
+    }
+  }
+  //! The constrained greedy token after `history`.
+  [[nodiscard]] token_id greedy_token(std::span<float const> logits, token_history history) const {
+    return greedy_token(logits, begin(history));
+  }
+  //! `policy.sample(probs, rng)`.
+  [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
+    return policy_.sample(probs, rng);
+  }
+
+ private:
+  std::span<std::uint64_t const> allowed(state_type const& s, std::size_t vocab) const {
+    SPECDEC_CHECK(vocab == constraint_->vocab_size(), invalid_argument,
+                  "constrained: a row of ", vocab, " logits but the constraint covers ",
+                  constraint_->vocab_size(), " tokens");
+    std::span<std::uint64_t const> const mask = constraint_->allowed(s.at);
+    bool any = false;
+    for (std::uint64_t w : mask) any = any || w != 0;
+    SPECDEC_CHECK(any, invalid_argument,
+                  "constrained: the output is complete but no end token is allowed (the "
+                  "constraint's vocabulary has no end tokens)");
+    return mask;
+  }
+
+  //! What the wrapped policy reads: the history and the path, materialised only when it reads
+  //! them.
+  token_history history(state_type const& s) const {
+    if (!history_) return token_history::checked(std::span<token_id const>());
+    if (s.path.empty()) return s.committed;
+    std::span<token_id const> const c = s.committed.tokens();
+    std::vector<token_id>& buf = detail::thread_scratch<token_id, 5>(c.size() + s.path.size());
+    std::copy(c.begin(), c.end(), buf.begin());
+    std::copy(s.path.begin(), s.path.end(), buf.begin() + static_cast<std::ptrdiff_t>(c.size()));
+    return token_history(std::span<token_id const>(buf.data(), c.size() + s.path.size()));
+  }
+
+  Policy policy_;
+  std::shared_ptr<Constraint const> constraint_;
+  std::size_t prefix_;
+  bool history_;
+};
+
+}  // namespace specdec
