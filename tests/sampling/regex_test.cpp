@@ -100,13 +100,21 @@ TEST_CASE("regex DFA: whole-string matches agree with std::regex and the backtra
 TEST_CASE("regex DFA: UTF-8 classes, dot and escapes") {
   auto const dfa = specdec::compile_regex("[é-ü]\\u00e9.[^a]\\x41");
   CHECK(dfa.matches("ééxbA"));
-  CHECK(dfa.matches("üé€\xf0\x9f\x98\x80" "A"));  // a 3-byte dot, a 4-byte negated class
+  CHECK(
+      dfa.matches("üé€\xf0\x9f\x98\x80"
+                  "A"));  // a 3-byte dot, a 4-byte negated class
   CHECK_FALSE(dfa.matches("ééxaA"));
   CHECK_FALSE(dfa.matches("eéxbA"));
-  CHECK_FALSE(dfa.matches("éé\nbA"));              // dot excludes newline
-  CHECK_FALSE(dfa.matches("éé\xed\xa0\x80" "bA"));  // a surrogate is not a character
-  CHECK_FALSE(dfa.matches("éé\xc3" "bA"));          // a truncated character
-  for (std::string text : {"ééxbA", "üé€zA", "ééxaA", "é\xc3\xa9\xc3" "bA"})
+  CHECK_FALSE(dfa.matches("éé\nbA"));  // dot excludes newline
+  CHECK_FALSE(
+      dfa.matches("éé\xed\xa0\x80"
+                  "bA"));  // a surrogate is not a character
+  CHECK_FALSE(
+      dfa.matches("éé\xc3"
+                  "bA"));  // a truncated character
+  for (std::string text : {"ééxbA", "üé€zA", "ééxaA",
+                           "é\xc3\xa9\xc3"
+                           "bA"})
     CHECK(dfa.matches(text) == specdec::reference::regex_matches("[é-ü]\\u00e9.[^a]\\x41", text));
 }
 
@@ -115,14 +123,15 @@ TEST_CASE("regex: bad patterns are refused with the offset of the error") {
     char const* pattern;
     char const* says;
   };
-  for (bad const& b : {bad{"ab(c", "missing ')' at offset 4"}, bad{"ab)c", "unmatched ')' at offset 2"},
-                       bad{"*a", "nothing to repeat at offset 0"},
-                       bad{"a{3,2}", "m < n at offset"}, bad{"[abc", "unterminated character class at offset 0"},
-                       bad{"[z-a]", "out of order at offset"}, bad{"a\\", "lone backslash"},
-                       bad{"(?=a)", "lookaround"}, bad{"(a)\\1", "backreferences"},
-                       bad{"a^b", "anchors"}, bad{"\\bword", "word boundaries"},
-                       bad{"\\q", "unknown escape at offset 1"}, bad{"a{20000}", "above 10000"},
-                       bad{"\xff", "invalid UTF-8"}, bad{"[^\\s\\S]", "matches no string"}}) {
+  for (bad const& b :
+       {bad{"ab(c", "missing ')' at offset 4"}, bad{"ab)c", "unmatched ')' at offset 2"},
+        bad{"*a", "nothing to repeat at offset 0"}, bad{"a{3,2}", "m < n at offset"},
+        bad{"[abc", "unterminated character class at offset 0"},
+        bad{"[z-a]", "out of order at offset"}, bad{"a\\", "lone backslash"},
+        bad{"(?=a)", "lookaround"}, bad{"(a)\\1", "backreferences"}, bad{"a^b", "anchors"},
+        bad{"\\bword", "word boundaries"}, bad{"\\q", "unknown escape at offset 1"},
+        bad{"a{20000}", "above 10000"}, bad{"\xff", "invalid UTF-8"},
+        bad{"[^\\s\\S]", "matches no string"}}) {
     CAPTURE(b.pattern);
     try {
       (void)specdec::compile_regex(b.pattern);
@@ -136,12 +145,12 @@ TEST_CASE("regex: bad patterns are refused with the offset of the error") {
 }
 
 TEST_CASE("token tables: each state's allowed tokens are those whose bytes keep a match possible") {
-  auto const vocab =
-      std::make_shared<specdec::token_vocabulary const>(specdec::token_vocabulary::of(fixture::tok512()));
+  auto const vocab = std::make_shared<specdec::token_vocabulary const>(
+      specdec::token_vocabulary::of(fixture::tok512()));
   std::mt19937 rng(11);
   for (std::string const pattern :
-       {"\\{\"name\": \"[A-Z][a-z]{1,8}\", \"age\": [1-9][0-9]?\\}", " (the|a) [a-z]+ (is|was) [a-z ]{3,20}\\.",
-        "(yes|no|maybe)", "[0-9]+(\\.[0-9]{1,2})?"}) {
+       {"\\{\"name\": \"[A-Z][a-z]{1,8}\", \"age\": [1-9][0-9]?\\}",
+        " (the|a) [a-z]+ (is|was) [a-z ]{3,20}\\.", "(yes|no|maybe)", "[0-9]+(\\.[0-9]{1,2})?"}) {
     CAPTURE(pattern);
     auto const c = specdec::regex_constraint(pattern, vocab);
     // Random constrained walks; at each step compare the whole table with the reference.
@@ -166,7 +175,8 @@ TEST_CASE("token tables: each state's allowed tokens are those whose bytes keep 
         REQUIRE(c->table(s).count == allowed.size());
         REQUIRE(c->forced(s) == (allowed.size() == 1 ? allowed[0] : specdec::no_token));
         REQUIRE_FALSE(allowed.empty());
-        token_id const t = allowed[std::uniform_int_distribution<std::size_t>(0, allowed.size() - 1)(rng)];
+        token_id const t =
+            allowed[std::uniform_int_distribution<std::size_t>(0, allowed.size() - 1)(rng)];
         REQUIRE(c->advance(s, t));
         if (vocab->is_end(t)) {
           CHECK(c->complete(s));
@@ -178,14 +188,16 @@ TEST_CASE("token tables: each state's allowed tokens are those whose bytes keep 
   }
 }
 
-TEST_CASE("token tables: a vocabulary that cannot spell every byte allows only completable tokens") {
+TEST_CASE(
+    "token tables: a vocabulary that cannot spell every byte allows only completable tokens") {
   // Tokens: "a", "bc", "b" is missing: "ab" can never be finished by "abd" alone.
   std::vector<std::string> bytes = {"", "a", "bc", "d", "abd"};
-  auto const vocab = std::make_shared<specdec::token_vocabulary const>(bytes, std::vector<token_id>{0});
+  auto const vocab =
+      std::make_shared<specdec::token_vocabulary const>(bytes, std::vector<token_id>{0});
   auto const c = specdec::regex_constraint("a(bd|bc)", vocab);
   auto s = c->start();
-  CHECK(c->allows(s, 1));       // "a" then "bc"
-  CHECK(c->allows(s, 4));       // "abd"
+  CHECK(c->allows(s, 1));        // "a" then "bc"
+  CHECK(c->allows(s, 4));        // "abd"
   CHECK_FALSE(c->allows(s, 0));  // not complete yet
   REQUIRE(c->advance(s, 1));
   CHECK(c->forced(s) == 2);  // only "bc" finishes it ("b" + "d" has no "b" token)

@@ -81,6 +81,21 @@ concept incremental_policy = sampling_policy<P> && std::copyable<typename P::sta
   { p.greedy_token(logits, at) } -> std::same_as<token_id>;
 };
 
+//! The sampling policy of one request whose prompt has `prompt_length` tokens: `p.for_prompt(n)`
+//! for a policy that depends on where the output starts (a constraint covers the output only:
+//! `constrained`, sampling/constraint.hpp), else `p` itself. Every driver calls it when a request
+//! starts.
+template <class Policy>
+[[nodiscard]] decltype(auto) policy_for_prompt(Policy const& p, std::size_t prompt_length) {
+  if constexpr (requires {
+                  { p.for_prompt(prompt_length) } -> std::same_as<Policy>;
+                }) {
+    return p.for_prompt(prompt_length);
+  } else {
+    return (p);
+  }
+}
+
 //! A verifier: walks a draft tree against the target's rows and decides the accepted path and the
 //! bonus token.
 //!

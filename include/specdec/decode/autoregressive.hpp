@@ -85,6 +85,7 @@ class autoregressive_decoder {
     std::size_t const vocab = model.vocab_size();
     std::size_t const capacity =
         detail::start_request(model, prompt, config_, 0, "autoregressive_decoder");
+    auto&& policy = policy_for_prompt(policy_, prompt.size());
 
     out.stats = request_stats{};
     out.stats.prompt_tokens = prompt.size();
@@ -127,14 +128,14 @@ class autoregressive_decoder {
 
       std::span<float const> const row = fwd_.logits_view().at_row(0);
       token_id next = no_token;
-      if (policy_.is_greedy()) {
-        next = policy_.greedy_token(row, token_history::checked(committed));
+      if (policy.is_greedy()) {
+        next = policy.greedy_token(row, token_history::checked(committed));
         rng.skip(1);
       } else {
         // The committed tokens were checked as they were committed (the prompt by check_prompt,
         // each drawn token below).
-        policy_.distribution(row, token_history::checked(committed), probs_);
-        next = policy_.sample(std::span<float const>(probs_), rng);
+        policy.distribution(row, token_history::checked(committed), probs_);
+        next = policy.sample(std::span<float const>(probs_), rng);
       }
       SPECDEC_CHECK(next >= 0 && static_cast<std::size_t>(next) < vocab, out_of_range,
                     "autoregressive_decoder: the policy produced token ", next,

@@ -207,6 +207,8 @@ class batch_decoder {
   //! request that cannot run fails alone when it is admitted (see the file comment).
   request_id submit(std::span<token_id const> prompt, Policy policy, decode_config config = {},
                     batch_callbacks callbacks = {}) {
+    if constexpr (!std::is_reference_v<decltype(policy_for_prompt(policy, prompt.size()))>)
+      policy = policy_for_prompt(policy, prompt.size());
     auto r = std::make_unique<request>(std::move(policy));
     r->id = next_id_++;
     r->prompt.assign(prompt.begin(), prompt.end());

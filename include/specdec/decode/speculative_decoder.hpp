@@ -192,6 +192,7 @@ class speculative_decoder {
       prepared_ = true;
     }
     auto const request_start = std::chrono::steady_clock::now();
+    auto&& request_policy = policy_for_prompt(policy, prompt.size());
     std::size_t const budget = node_budget(*proposer_, config);
     std::size_t const capacity = detail::start_request(target, prompt, config, budget, who);
     step_.begin(prompt, config, budget, capacity, out, on_token, observer,
@@ -237,7 +238,7 @@ class speculative_decoder {
       target.forward(req, fwd_);
       timer.lap(detail::phase::score);
       auto const score_end = std::chrono::steady_clock::now();
-      step_.verify(verifier_, tree_logits(), policy, who);
+      step_.verify(verifier_, tree_logits(), request_policy, who);
       timer.lap(detail::phase::verify);
       if (on_step != nullptr)
         (*on_step)(

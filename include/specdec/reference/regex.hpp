@@ -24,7 +24,11 @@ using specdec::detail::regex_node;
 inline bool code_point_at(regex_node const& n, std::string_view s, std::size_t pos, bool prefix,
                           std::size_t& k) {
   auto const b0 = static_cast<unsigned char>(s[pos]);
-  std::size_t const len = b0 < 0x80 ? 1 : (b0 >> 5) == 6 ? 2 : (b0 >> 4) == 14 ? 3 : (b0 >> 3) == 30 ? 4 : 0;
+  std::size_t const len = b0 < 0x80         ? 1
+                          : (b0 >> 5) == 6  ? 2
+                          : (b0 >> 4) == 14 ? 3
+                          : (b0 >> 3) == 30 ? 4
+                                            : 0;
   if (len == 0) return false;
   std::size_t const have = std::min(len, s.size() - pos);
   if (have < len && !prefix) return false;
@@ -82,7 +86,7 @@ inline bool match(regex_node const& n, std::string_view s, std::size_t pos, bool
         if (count >= n.min && cont(p)) return true;
         if (n.max >= 0 && count >= n.max) return false;
         return match(n.parts[0], s, p, prefix, [&](std::size_t q) {
-          if (q == p && count >= n.min) return false;  // no progress: the loop adds nothing
+          if (q == p && count >= n.min) return false;         // no progress: the loop adds nothing
           if (q == s.size() && prefix && q > p) return true;  // the rest can follow
           return rep(count + 1, q);
         });

@@ -190,7 +190,9 @@ class nfa {
   [[nodiscard]] std::string const& who() const noexcept { return who_; }
 
  private:
-  static int utf8_length(std::uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+  static int utf8_length(std::uint32_t c) {
+    return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+  }
   static std::array<std::uint8_t, 4> encode(std::uint32_t c, int n) {
     std::array<std::uint8_t, 4> b{};
     if (n == 1) {
@@ -427,7 +429,8 @@ class token_vocabulary {
           child = static_cast<std::int32_t>(nodes_.size());
           nodes_.emplace_back();
           auto& kids = nodes_[static_cast<std::size_t>(n)].children;
-          kids.insert(std::lower_bound(kids.begin(), kids.end(), std::pair<std::uint8_t, std::int32_t>(b, -1)),
+          kids.insert(std::lower_bound(kids.begin(), kids.end(),
+                                       std::pair<std::uint8_t, std::int32_t>(b, -1)),
                       {b, child});
         }
         n = child;
@@ -474,7 +477,8 @@ class token_vocabulary {
  private:
   [[nodiscard]] std::int32_t find_child(std::int32_t n, std::uint8_t b) const {
     auto const& kids = nodes_[static_cast<std::size_t>(n)].children;
-    auto const it = std::lower_bound(kids.begin(), kids.end(), std::pair<std::uint8_t, std::int32_t>(b, -1));
+    auto const it =
+        std::lower_bound(kids.begin(), kids.end(), std::pair<std::uint8_t, std::int32_t>(b, -1));
     return it != kids.end() && it->first == b ? it->second : -1;
   }
 
@@ -553,7 +557,8 @@ class automaton_constraint {
   [[nodiscard]] std::span<std::uint64_t const> allowed(state_type s) const { return table(s).mask; }
   //! The number of allowed tokens in `s`, and the only one when there is one.
   [[nodiscard]] token_table const& table(state_type s) const {
-    SPECDEC_CHECK(s != broken, internal, who_, ": a row was scored after a token the constraint "
+    SPECDEC_CHECK(s != broken, internal, who_,
+                  ": a row was scored after a token the constraint "
                   "does not allow");
     if (s == ended) return ended_;
     token_table const* t = tables_[static_cast<std::size_t>(s)].load(std::memory_order_acquire);

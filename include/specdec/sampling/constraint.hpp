@@ -130,21 +130,27 @@ class constrained {
     std::vector<token_id> path;
   };
 
-  //! `policy` under `constraint`, for a request whose first `prefix_length` tokens (the prompt)
-  //! are not output. Throws `errc::invalid_argument` for a null constraint.
-  constrained(Policy policy, std::shared_ptr<Constraint const> constraint,
-              std::size_t prefix_length)
+  //! `policy` under `constraint` (null: no constraint, the policy as it is), for a request whose
+  //! first `prefix_length` tokens (the prompt) are not output. The decoders set the prefix of each
+  //! request themselves (`for_prompt`), so a policy built once serves every request.
+  explicit constrained(Policy policy, std::shared_ptr<Constraint const> constraint = nullptr,
+                       std::size_t prefix_length = 0)
       : policy_(std::move(policy)),
         constraint_(std::move(constraint)),
         prefix_(prefix_length),
-        history_(false) {
-    SPECDEC_CHECK(constraint_ != nullptr, invalid_argument, "constrained: no constraint");
-    history_ = detail::reads_history(policy_);
+        history_(detail::reads_history(policy_)) {}
+
+  //! This policy for a request whose prompt has `prompt_length` tokens (what the decoders call
+  //! when a request starts: `for_prompt` in sampling/policy.hpp).
+  [[nodiscard]] constrained for_prompt(std::size_t prompt_length) const {
+    return constrained(policy_, constraint_, prompt_length);
   }
+  //! Whether a constraint applies.
+  [[nodiscard]] bool has_constraint() const noexcept { return constraint_ != nullptr; }
 
   [[nodiscard]] Policy const& policy() const noexcept { return policy_; }
-  [[nodiscard]] Constraint const& constraint() const noexcept { return *constraint_; }
-  [[nodiscard]] std::shared_ptr<Constraint const> const& shared_constraint() const noexcept {
+  //! The constraint (null when none applies).
+  [[nodiscard]] std::shared_ptr<Constraint const> const& constraint() const noexcept {
     return constraint_;
   }
   [[nodiscard]] std::size_t prefix_length() const noexcept { return prefix_; }
@@ -155,8 +161,9 @@ class constrained {
   //! `errc::invalid_argument` naming the first output token the constraint does not allow.
   [[nodiscard]] state_type begin(token_history history) const {
     state_type s;
-    s.at = constraint_->start();
     s.committed = history;
+    if (!constraint_) return s;
+    s.at = constraint_->start();
     std::span<token_id const> const tokens = history.tokens();
     for (std::size_t i = prefix_; i < tokens.size(); ++i)
       SPECDEC_CHECK(constraint_->advance(s.at, tokens[i]), invalid_argument,
@@ -167,7 +174,7 @@ class constrained {
   //! Moves `s` by `token` (a state that breaks the constraint is never scored: see the file
   //! comment).
   void advance(state_type& s, token_id token) const {
-    (void)constraint_->advance(s.at, token);
+    if (constraint_) (void)constraint_->advance(s.at, token);
     if (history_) s.path.push_back(token);
   }
 
@@ -175,6 +182,10 @@ class constrained {
   void distribution(std::span<float const> logits, state_type const& s,
                     std::span<float> probs) const {
     detail::check_row_shapes(logits, probs, "constrained::distribution");
+    if (!constraint_) {
+      policy_.distribution(logits, history(s), probs);
+      return;
+    }
     std::span<std::uint64_t const> const mask = allowed(s, logits.size());
     detail::apply_token_mask(logits, mask, probs);
     policy_.distribution(std::span<float const>(probs.data(), probs.size()), history(s), probs);
@@ -187,10 +198,10 @@ class constrained {
   //! The constrained greedy token at state `s`.
   [[nodiscard]] token_id greedy_token(std::span<float const> logits, state_type const& s) const {
     SPECDEC_CHECK(!logits.empty(), invalid_argument, "constrained::greedy_token: empty row");
+    if (!constraint_) return policy_.greedy_token(logits, history(s));
     std::span<std::uint64_t const> const mask = allowed(s, logits.size());
     if constexpr (std::same_as<Policy, greedy>) {
-      token_id const t = detail::masked_argmax(logits, mask);
-      return t;
+      return detail::masked_argmax(logits, mask);
     } else {
       std::vector<float>& tmp = detail::thread_scratch<float, 4>(logits.size());
       std::span<float> const row(tmp.data(), logits.size());
@@ -209,9 +220,9 @@ class constrained {
 
  private:
   std::span<std::uint64_t const> allowed(state_type const& s, std::size_t vocab) const {
-    SPECDEC_CHECK(vocab == constraint_->vocab_size(), invalid_argument,
-                  "constrained: a row of ", vocab, " logits but the constraint covers ",
-                  constraint_->vocab_size(), " tokens");
+    SPECDEC_CHECK(vocab == constraint_->vocab_size(), invalid_argument, "constrained: a row of ",
+                  vocab, " logits but the constraint covers ", constraint_->vocab_size(),
+                  " tokens");
     std::span<std::uint64_t const> const mask = constraint_->allowed(s.at);
     bool any = false;
     for (std::uint64_t w : mask) any = any || w != 0;

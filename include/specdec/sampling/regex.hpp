@@ -243,20 +243,48 @@ class regex_parser {
     range_list const word{{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
     range_list const space{{'\t', '\r'}, {' ', ' '}};
     switch (c) {
-      case 'd': ++i_; return digit;
-      case 'D': ++i_; return complement(digit);
-      case 'w': ++i_; return word;
-      case 'W': ++i_; return complement(word);
-      case 's': ++i_; return space;
-      case 'S': ++i_; return complement(space);
-      case 'n': ++i_; return {single('\n')};
-      case 't': ++i_; return {single('\t')};
-      case 'r': ++i_; return {single('\r')};
-      case 'f': ++i_; return {single('\f')};
-      case 'v': ++i_; return {single('\v')};
-      case '0': ++i_; return {single(0)};
-      case 'x': ++i_; return {single(hex(2))};
-      case 'u': ++i_; return {single(hex(4))};
+      case 'd':
+        ++i_;
+        return digit;
+      case 'D':
+        ++i_;
+        return complement(digit);
+      case 'w':
+        ++i_;
+        return word;
+      case 'W':
+        ++i_;
+        return complement(word);
+      case 's':
+        ++i_;
+        return space;
+      case 'S':
+        ++i_;
+        return complement(space);
+      case 'n':
+        ++i_;
+        return {single('\n')};
+      case 't':
+        ++i_;
+        return {single('\t')};
+      case 'r':
+        ++i_;
+        return {single('\r')};
+      case 'f':
+        ++i_;
+        return {single('\f')};
+      case 'v':
+        ++i_;
+        return {single('\v')};
+      case '0':
+        ++i_;
+        return {single(0)};
+      case 'x':
+        ++i_;
+        return {single(hex(2))};
+      case 'u':
+        ++i_;
+        return {single(hex(4))};
       case 'b':
         if (in_class) {
           ++i_;
@@ -266,7 +294,8 @@ class regex_parser {
       default:
         break;
     }
-    if ((c >= '1' && c <= '9') || c == 'k') fail(errc::unsupported, "backreferences are not supported");
+    if ((c >= '1' && c <= '9') || c == 'k')
+      fail(errc::unsupported, "backreferences are not supported");
     if (c == 'B' || c == 'A' || c == 'Z' || c == 'z' || c == 'G')
       fail(errc::unsupported, "anchors and boundaries are not supported");
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
