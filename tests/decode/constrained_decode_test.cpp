@@ -69,7 +69,7 @@ sd::decode_config config_for(std::size_t max_new) {
 }
 
 std::vector<sd::token_id> encode(std::string_view text) {
-  return fixture::tok512().encode(text, false);
+  return fixture::tok512().encode(text, false, false);
 }
 
 // The output's text: each token after the previous one (the prompt's last token first).

@@ -207,3 +207,20 @@ TEST_CASE(
   // Nothing of this vocabulary spells "ab" + "x".
   CHECK_THROWS_AS((void)specdec::regex_constraint("abx", vocab), specdec::error);
 }
+
+TEST_CASE("token tables: an end token is never text, whatever its bytes") {
+  std::vector<std::string> bytes = {"a", "b"};  // token 1 ("b") ends the output
+  auto const vocab =
+      std::make_shared<specdec::token_vocabulary const>(bytes, std::vector<token_id>{1});
+  CHECK_THROWS_AS((void)specdec::regex_constraint("ab", vocab), specdec::error);
+  auto const c = specdec::regex_constraint("a", vocab);
+  auto s = c->start();
+  CHECK_FALSE(c->allows(s, 1));
+  REQUIRE(c->advance(s, 0));
+  CHECK(c->allows(s, 1));
+  CHECK(c->complete(s));
+  // Out-of-range states are refused, not read.
+  CHECK_THROWS_AS((void)c->table(12345), specdec::error);
+  specdec::automaton_constraint::state_type bad = 12345;
+  CHECK_FALSE(c->advance(bad, 0));
+}

@@ -258,11 +258,19 @@ class tokenizer {
   //! never merged. Bytes without a token of their own become their byte token, or the unknown
   //! token when the vocabulary has no byte tokens (`errc::invalid_argument` if it has neither).
   [[nodiscard]] std::vector<token_id> encode(std::string_view text, bool bos) const {
+    return encode(text, bos, add_space_prefix_);
+  }
+
+  //! As above, with the dummy prefix space prepended when `space_prefix` (whatever
+  //! `add_space_prefix()` says): pass false to encode text that continues a sequence (a forced
+  //! span of a constraint, a stop string).
+  [[nodiscard]] std::vector<token_id> encode(std::string_view text, bool bos,
+                                             bool space_prefix) const {
     std::vector<token_id> out;
     if (bos && bos_ != no_token) out.push_back(bos_);
     if (text.empty()) return out;
     std::string buffer;
-    if (add_space_prefix_) {
+    if (space_prefix) {
       buffer.reserve(text.size() + 1);
       buffer += ' ';
       buffer += text;
@@ -287,7 +295,7 @@ class tokenizer {
     };
     for (std::size_t i = 0; i < text.size();) {
       std::size_t length = 1;  // the dummy prefix space is a character of its own
-      while (!(i == 0 && add_space_prefix_) && length < 4 && i + length < text.size() &&
+      while (!(i == 0 && space_prefix) && length < 4 && i + length < text.size() &&
              (static_cast<unsigned char>(text[i + length]) & 0xc0u) == 0x80u) {
         ++length;
       }

@@ -23,7 +23,9 @@
 //! EAGLE, lookahead): those run under the constrained policy alone.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -110,7 +112,12 @@ class constrained_proposer {
   //! Passes the outcome to the wrapped proposer, in its own tree's node indices (nothing after a
   //! forced step, which it did not draft).
   void accept(verify_result const& result) {
-    if (last_forced_) return;
+    if (last_forced_) {
+      for (node_index n : result.accepted_nodes)
+        for (int kind = 0; kind < 2; ++kind)
+          if ((branch_[static_cast<std::size_t>(n)] >> kind) & 1) ++followed_[kind];
+      return;
+    }
     if (map_.empty()) {
       inner_.accept(result);
       return;
@@ -148,27 +155,62 @@ class constrained_proposer {
       if (!constraint_->advance(state_, tokens[seen_])) tracking_ok_ = false;
   }
 
+  //! The tokens of `bytes` under the constraint from the tracked state, cut at the first token it
+  //! does not allow: the encoder's tokenisation (kind 0), or one token per byte (kind 1).
+  std::vector<token_id> tokenise(std::string const& bytes, int kind) const {
+    std::vector<token_id> span;
+    if (kind == 0) {
+      span = encode_(bytes);
+    } else if constexpr (requires(Constraint const& c) { c.vocabulary().single(0); }) {
+      for (char b : bytes) {
+        token_id const t = constraint_->vocabulary().single(static_cast<std::uint8_t>(b));
+        if (t == no_token) break;
+        span.push_back(t);
+      }
+    }
+    auto s = state_;
+    std::size_t n = 0;
+    while (n < span.size() && constraint_->advance(s, span[n])) ++n;
+    span.resize(n);
+    return span;
+  }
+
+  //! Drafts the forced span: as a chain of the tokenisation that the target has followed further
+  //! so far, and for a tree proposer the other one beside it (sharing their common prefix), within
+  //! the node budget. The target of a model never trained on the format picks small tokens; one
+  //! trained on it picks its tokenizer's encoding: each is drafted where it pays.
   bool propose_forced(propose_context const& ctx, draft_tree& tree) {
     if (!tracking_ok_ || ctx.tokens.empty()) return false;
     std::string const bytes = constraint_->forced_bytes(state_, config_.max_forced_bytes);
     if (bytes.empty()) return false;
-    std::vector<token_id> const span = encode_(bytes);
-    auto s = state_;
-    std::size_t n = 0;
-    while (n < span.size() && n < ctx.max_nodes && constraint_->advance(s, span[n])) ++n;
-    if (n == 0) return false;
+    int const first = followed_[1] > followed_[0] ? 1 : 0;
+    std::array<std::vector<token_id>, 2> spans{tokenise(bytes, first), {}};
+    if (produces_trees) spans[1] = tokenise(bytes, 1 - first);
+    if (spans[0].empty() && spans[1].empty()) return false;
     tree.reset(ctx.tokens.back());
     map_.clear();
-    node_index at = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (tree.has_q()) {
-        std::span<float> q = tree.q_row(at);
-        std::fill(q.begin(), q.end(), 0.0f);
-        q[static_cast<std::size_t>(span[i])] = 1.0f;
+    branch_.assign(1, 0);
+    for (std::size_t b = 0; b < 2; ++b) {
+      node_index at = 0;
+      int const kind = b == 0 ? first : 1 - first;
+      for (token_id t : spans[b]) {
+        node_index next = tree.find_child(at, t);
+        if (next < 0) {
+          if (tree.size() > ctx.max_nodes) break;
+          if (tree.has_q()) {
+            if (tree.first_child(at) >= 0) break;  // a q row is one draw: one child per node
+            std::span<float> q = tree.q_row(at);
+            std::fill(q.begin(), q.end(), 0.0f);
+            q[static_cast<std::size_t>(t)] = 1.0f;
+          }
+          next = tree.add_node(at, t);
+          branch_.push_back(0);
+        }
+        branch_[static_cast<std::size_t>(next)] |= 1 << kind;
+        at = next;
       }
-      at = tree.add_node(at, span[i]);
     }
-    return true;
+    return tree.size() > 1;
   }
 
   //! Removes the nodes whose path leaves the constraint; `map_` then holds each kept node's index
@@ -222,6 +264,8 @@ class constrained_proposer {
   std::vector<char> valid_;
   std::vector<node_index> index_;
   std::vector<node_index> map_;  // pruned tree node -> the wrapped proposer's node
+  std::vector<int> branch_;      // forced tree node -> which tokenisations pass through it
+  std::array<std::size_t, 2> followed_{};  // accepted forced tokens of each tokenisation
   draft_tree copy_;
   verify_result mapped_;
 };

@@ -8,7 +8,8 @@
 //!   sequences, alternatives, bounded and unbounded repetition, Unicode code-point ranges encoded
 //!   as UTF-8 byte sequences);
 //! - `byte_dfa`: its determinisation (subset construction), trimmed to the states from which an
-//!   accepting state is reachable, so that every transition it keeps can still end in a match;
+//!   accepting state is reachable, so that every transition it keeps can still end in a match,
+//!   and minimised (Moore's partition refinement: fewer states, fewer token tables);
 //! - `token_vocabulary`: the bytes each token adds to the output, in a trie, and the end tokens;
 //! - `automaton_constraint`: a `constraint` (sampling/constraint.hpp) over a DFA and a vocabulary.
 //!   Its state is a DFA state; a token is allowed in a state when its bytes lead to a state from
@@ -28,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -147,6 +149,8 @@ class nfa {
   //! From `min` to `max` repetitions (`max` < 0: unbounded) of what `make` builds (called once per
   //! copy, so each repetition is its own sub-automaton).
   fragment repeat(std::function<fragment()> const& make, std::int64_t min, std::int64_t max) {
+    SPECDEC_CHECK(min >= 0 && (max < 0 || max >= min), invalid_argument, who_, ": a repetition of ",
+                  min, " to ", max, " copies");
     fragment f = empty();
     for (std::int64_t i = 0; i < min; ++i) f = seq(f, make());
     if (max < 0) return seq(f, star(make()));
@@ -335,19 +339,45 @@ class byte_dfa {
       }
     }
     SPECDEC_CHECK(live[0], invalid_argument, nfa.who(), ": matches no string at all");
-    std::vector<std::int32_t> renumber(n, -1);
-    std::int32_t kept = 0;
+    // Minimise (Moore): split the live states by acceptance, then by the classes of their
+    // successors, until no class splits; dead successors are class -1. The start's class is 0.
+    std::vector<std::int32_t> cls(n, -1);
     for (std::size_t d = 0; d < n; ++d)
-      if (live[d]) renumber[d] = kept++;
-    next_.assign(static_cast<std::size_t>(kept) * 256, -1);
-    accepting_.assign(static_cast<std::size_t>(kept), 0);
+      if (live[d]) cls[d] = accepting[d] ? 1 : 0;
+    std::size_t classes = 0;
+    for (;;) {
+      std::map<std::vector<std::int32_t>, std::int32_t> signature;
+      std::vector<std::int32_t> next_cls(n, -1);
+      std::vector<std::int32_t> key(257);
+      // Classes are numbered in order of first appearance: the start (state 0) stays class 0.
+      for (std::size_t d = 0; d < n; ++d) {
+        if (!live[d]) continue;
+        key[0] = cls[d];
+        for (std::size_t b = 0; b < 256; ++b) {
+          std::int32_t const t = raw[d * 256 + b];
+          key[b + 1] =
+              t >= 0 && live[static_cast<std::size_t>(t)] ? cls[static_cast<std::size_t>(t)] : -1;
+        }
+        auto const [it, fresh] =
+            signature.emplace(key, static_cast<std::int32_t>(signature.size()));
+        (void)fresh;
+        next_cls[d] = it->second;
+      }
+      std::size_t const count = signature.size();
+      cls.swap(next_cls);
+      if (count == classes) break;
+      classes = count;
+    }
+    next_.assign(classes * 256, -1);
+    accepting_.assign(classes, 0);
     for (std::size_t d = 0; d < n; ++d) {
       if (!live[d]) continue;
-      auto const r = static_cast<std::size_t>(renumber[d]);
+      auto const r = static_cast<std::size_t>(cls[d]);
       accepting_[r] = accepting[d];
       for (std::size_t b = 0; b < 256; ++b) {
         std::int32_t const t = raw[d * 256 + b];
-        next_[r * 256 + b] = t >= 0 ? renumber[static_cast<std::size_t>(t)] : -1;
+        next_[r * 256 + b] =
+            t >= 0 && live[static_cast<std::size_t>(t)] ? cls[static_cast<std::size_t>(t)] : -1;
       }
     }
   }
@@ -420,7 +450,8 @@ class token_vocabulary {
                     bytes_.size());
     nodes_.emplace_back();
     for (std::size_t t = 0; t < bytes_.size(); ++t) {
-      if (bytes_[t].empty()) continue;
+      // End tokens end the output: whatever their bytes, they are never text.
+      if (bytes_[t].empty() || is_end(static_cast<token_id>(t))) continue;
       std::int32_t n = 0;
       for (char c : bytes_[t]) {
         auto const b = static_cast<std::uint8_t>(c);
@@ -436,7 +467,10 @@ class token_vocabulary {
         n = child;
       }
       nodes_[static_cast<std::size_t>(n)].tokens.push_back(static_cast<token_id>(t));
-      if (bytes_[t].size() == 1) single_[static_cast<std::uint8_t>(bytes_[t][0])] = true;
+      if (bytes_[t].size() == 1) {
+        auto const b = static_cast<std::uint8_t>(bytes_[t][0]);
+        if (single_[b] == no_token) single_[b] = static_cast<token_id>(t);
+      }
     }
   }
 
@@ -456,7 +490,7 @@ class token_vocabulary {
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return bytes_.size(); }
-  //! The bytes of token `t` (in range).
+  //! The bytes of token `t` (in range); an end token's are never output.
   [[nodiscard]] std::string_view bytes(token_id t) const noexcept {
     return bytes_[static_cast<std::size_t>(t)];
   }
@@ -465,7 +499,9 @@ class token_vocabulary {
     return std::find(end_.begin(), end_.end(), t) != end_.end();
   }
   //! Whether some token is exactly byte `b`.
-  [[nodiscard]] bool has_single(std::uint8_t b) const noexcept { return single_[b]; }
+  [[nodiscard]] bool has_single(std::uint8_t b) const noexcept { return single_[b] != no_token; }
+  //! The lowest token that is exactly byte `b`, or `no_token`.
+  [[nodiscard]] token_id single(std::uint8_t b) const noexcept { return single_[b]; }
 
   //! A trie node: children by byte (ascending), tokens ending here.
   struct node {
@@ -485,7 +521,13 @@ class token_vocabulary {
   std::vector<std::string> bytes_;
   std::vector<token_id> end_;
   std::vector<node> nodes_;
-  std::array<bool, 256> single_{};
+  std::array<token_id, 256> single_ = filled_single();
+
+  static std::array<token_id, 256> filled_single() {
+    std::array<token_id, 256> a{};
+    a.fill(no_token);
+    return a;
+  }
 };
 
 //! What a constraint allows in one state, cached per state.
@@ -535,7 +577,7 @@ class automaton_constraint {
   //! Advances `s` by token `t`; returns false (and sets `s` to `broken`) when `t` is not allowed
   //! in `s` (or out of range).
   bool advance(state_type& s, token_id t) const {
-    if (t < 0 || static_cast<std::size_t>(t) >= vocab_->size() || s == broken) {
+    if (t < 0 || static_cast<std::size_t>(t) >= vocab_->size() || !valid(s) || s == broken) {
       s = broken;
       return false;
     }
@@ -561,17 +603,22 @@ class automaton_constraint {
                   ": a row was scored after a token the constraint "
                   "does not allow");
     if (s == ended) return ended_;
+    SPECDEC_CHECK(valid(s), out_of_range, who_, ": state ", s, " is not a state of the constraint");
     token_table const* t = tables_[static_cast<std::size_t>(s)].load(std::memory_order_acquire);
     return t != nullptr ? *t : build(s);
   }
+  //! Whether `s` is a state of this constraint (`ended` and `broken` included).
+  [[nodiscard]] bool valid(state_type s) const noexcept {
+    return s == ended || s == broken || (s >= 0 && static_cast<std::size_t>(s) < dfa_.size());
+  }
   //! Whether the output may end in `s` (a complete match).
   [[nodiscard]] bool can_end(state_type s) const noexcept {
-    return s == ended || (s >= 0 && dfa_.accepting(s));
+    return s == ended || (s >= 0 && valid(s) && dfa_.accepting(s));
   }
   //! Whether `s` is complete: the output may end and no more text may follow.
   [[nodiscard]] bool complete(state_type s) const {
     if (s == ended) return true;
-    if (s < 0 || !dfa_.accepting(s)) return false;
+    if (s < 0 || !valid(s) || !dfa_.accepting(s)) return false;
     token_table const& t = table(s);
     std::size_t ends = 0;
     for (token_id e : vocab_->end_tokens()) ends += test_bit(t, e) ? 1 : 0;
@@ -581,7 +628,7 @@ class automaton_constraint {
   [[nodiscard]] token_id forced(state_type s) const { return table(s).only; }
   //! The bytes every continuation from `s` starts with (`byte_dfa::forced_bytes`).
   [[nodiscard]] std::string forced_bytes(state_type s, std::size_t limit = 256) const {
-    return s >= 0 ? dfa_.forced_bytes(s, limit) : std::string();
+    return s >= 0 && valid(s) ? dfa_.forced_bytes(s, limit) : std::string();
   }
   //! Whether `t` is allowed in `s`.
   [[nodiscard]] bool allows(state_type s, token_id t) const {
