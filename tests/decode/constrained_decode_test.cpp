@@ -300,3 +300,24 @@ TEST_CASE("constrained sampling: the chi-square test catches the root's mask app
   CHECK(fit.first > limit);
   CHECK(impossible > 0);
 }
+
+TEST_CASE("constrained proposer: a reference to the caller's proposer, and no constraint") {
+  sd::prompt_lookup_proposer lookup({.k = 4});
+  sd::constrained_proposer<sd::prompt_lookup_proposer&, sd::automaton_constraint> by_ref(
+      lookup, nullptr, encode);
+  static_assert(!sd::produces_trees_v<decltype(by_ref)> ==
+                !sd::produces_trees_v<sd::prompt_lookup_proposer>);
+  CHECK(&by_ref.inner() == &lookup);
+  // With no constraint it drafts exactly what the wrapped proposer drafts.
+  sd::cpu_llama target(fixture::stories260k(), one_thread());
+  auto const prompt = fixture::encoded_prompts()[0];
+  sd::speculative_decoder a(target, by_ref, sd::greedy_verifier{}, policy(greedy_sampler()),
+                            config_for(48));
+  sd::decode_result const got = a.generate(prompt);
+  sd::prompt_lookup_proposer plain({.k = 4});
+  sd::speculative_decoder b(target, plain, sd::greedy_verifier{}, greedy_sampler(), config_for(48));
+  sd::decode_result const want = b.generate(prompt);
+  CHECK(got.tokens == want.tokens);
+  CHECK(got.stats.steps == want.stats.steps);
+  CHECK(got.stats.drafted == want.stats.drafted);
+}

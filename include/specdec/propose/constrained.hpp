@@ -31,6 +31,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,19 +54,23 @@ struct constrained_proposer_config {
   std::size_t max_forced_bytes = 128;
 };
 
-//! `Proposer` under `Constraint` (see the file comment). Owns the wrapped proposer.
-template <proposer Proposer, constraint Constraint>
+//! `Proposer` under `Constraint` (see the file comment). Owns the wrapped proposer, or refers to
+//! it when `Proposer` is a reference type (`constrained_proposer<P&, C>`: the caller's proposer,
+//! which must outlive this one).
+template <class Proposer, constraint Constraint>
+requires proposer<std::remove_cvref_t<Proposer>>
 class constrained_proposer {
-  static_assert(!needs_target_hidden_v<Proposer> && !has_auxiliary_tokens_v<Proposer> &&
-                    !uses_target_v<Proposer>,
+  using inner_type = std::remove_cvref_t<Proposer>;
+  static_assert(!needs_target_hidden_v<inner_type> && !has_auxiliary_tokens_v<inner_type> &&
+                    !uses_target_v<inner_type>,
                 "constrained_proposer: the wrapped proposer reads the target or scores auxiliary "
                 "tokens; use the constrained policy alone with it");
 
  public:
   //! Trees when the wrapped proposer drafts trees.
-  static constexpr bool produces_trees = produces_trees_v<Proposer>;
+  static constexpr bool produces_trees = produces_trees_v<inner_type>;
   //! q rows when the wrapped proposer samples.
-  static constexpr bool samples_drafts = samples_drafts_v<Proposer>;
+  static constexpr bool samples_drafts = samples_drafts_v<inner_type>;
 
   //! The bytes -> tokens function of forced spans (the tokenizer's encoding, without BOS).
   using encoder = std::function<std::vector<token_id>(std::string_view)>;
@@ -74,7 +79,7 @@ class constrained_proposer {
   //! spans (required when `config.forced_spans`).
   constrained_proposer(Proposer inner, std::shared_ptr<Constraint const> constraint, encoder encode,
                        constrained_proposer_config config = {})
-      : inner_(std::move(inner)),
+      : inner_(std::forward<Proposer>(inner)),
         constraint_(std::move(constraint)),
         encode_(std::move(encode)),
         config_(config) {
@@ -135,8 +140,8 @@ class constrained_proposer {
   }
   { return inner_.max_nodes(); }
 
-  [[nodiscard]] Proposer& inner() noexcept { return inner_; }
-  [[nodiscard]] Proposer const& inner() const noexcept { return inner_; }
+  [[nodiscard]] inner_type& inner() noexcept { return inner_; }
+  [[nodiscard]] inner_type const& inner() const noexcept { return inner_; }
   //! Steps whose draft was a forced span.
   [[nodiscard]] std::size_t forced_steps() const noexcept { return forced_steps_; }
   //! Draft nodes removed by pruning.
