@@ -35,10 +35,15 @@
 #include "specdec/core/verify_result.hpp"
 #include "specdec/core/views.hpp"
 
-// sampling/: sampling policies (greedy, sampler), softmax, drawing from a distribution.
+// sampling/: sampling policies (greedy, sampler), softmax, drawing from a distribution, output
+// constraints (regular expressions over byte automata; JSON Schema: specdec/files.hpp).
+#include "specdec/sampling/automaton.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
+#include "specdec/sampling/constraint.hpp"
 #include "specdec/sampling/draw.hpp"
 #include "specdec/sampling/params.hpp"
 #include "specdec/sampling/policy.hpp"
+#include "specdec/sampling/regex.hpp"
 #include "specdec/sampling/select.hpp"
 #include "specdec/sampling/softmax.hpp"
 
@@ -50,6 +55,7 @@
 
 // propose/: one header per drafting strategy.
 #include "specdec/propose/chain_drafter.hpp"
+#include "specdec/propose/constrained.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
@@ -101,5 +107,6 @@
 #include "specdec/reference/eagle.hpp"
 #include "specdec/reference/heads.hpp"
 #include "specdec/reference/pivot.hpp"
+#include "specdec/reference/regex.hpp"
 #include "specdec/reference/sampling.hpp"
 #include "specdec/reference/verify.hpp"

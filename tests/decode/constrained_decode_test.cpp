@@ -32,6 +32,7 @@
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/sampling/automaton.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
 #include "specdec/sampling/constraint.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/sampling/regex.hpp"

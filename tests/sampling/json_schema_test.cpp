@@ -26,6 +26,7 @@
 
 #include "specdec/core/error.hpp"
 #include "specdec/sampling/automaton.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
 #include "specdec/sampling/json_schema.hpp"
 
 namespace json_schema_test {

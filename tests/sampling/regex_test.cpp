@@ -19,6 +19,7 @@
 #include "specdec/core/error.hpp"
 #include "specdec/reference/regex.hpp"
 #include "specdec/sampling/automaton.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
 #include "specdec/sampling/regex.hpp"
 #include "support/fixture.hpp"
 

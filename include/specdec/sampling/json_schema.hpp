@@ -6,7 +6,8 @@
 //! directly (no regex text in between); a string's `pattern` goes through sampling/regex.hpp.
 //!
 //! No library in Debian builds token-level automata from JSON Schema (xgrammar, outlines and
-//! llguidance are not packaged), so this is written here.
+//! llguidance are not packaged), so this is written here. One topic -- the compiler of every
+//! supported keyword, with the checks that name the path of a bad one -- needs more than 600 lines.
 //!
 //! Supported (anything else is refused, see below):
 //! - `type`: "string", "number", "integer", "boolean", "null", "object", "array", or an array of
@@ -83,6 +84,7 @@
 
 #include "specdec/core/error.hpp"
 #include "specdec/sampling/automaton.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
 #include "specdec/sampling/regex.hpp"
 
 namespace specdec {

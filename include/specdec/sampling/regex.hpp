@@ -27,6 +27,7 @@
 
 #include "specdec/core/error.hpp"
 #include "specdec/sampling/automaton.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
 
 namespace specdec {
 
