@@ -181,16 +181,21 @@ class constrained_proposer {
   }
 
   //! Drafts the forced span: as a chain of the tokenisation that the target has followed further
-  //! so far, and for a tree proposer the other one beside it (sharing their common prefix), within
-  //! the node budget. The target of a model never trained on the format picks small tokens; one
-  //! trained on it picks its tokenizer's encoding: each is drafted where it pays.
+  //! so far, and for a tree proposer the other one beside it (sharing their common prefix) until
+  //! the target has followed one at least 8 tokens and 4 times as far, within the node budget. The
+  //! target of a model never trained on the format picks small tokens; one trained on it picks its
+  //! tokenizer's encoding: each is drafted where it pays.
   bool propose_forced(propose_context const& ctx, draft_tree& tree) {
     if (!tracking_ok_ || ctx.tokens.empty()) return false;
     std::string const bytes = constraint_->forced_bytes(state_, config_.max_forced_bytes);
     if (bytes.empty()) return false;
     int const first = followed_[1] > followed_[0] ? 1 : 0;
+    std::size_t const lead = followed_[static_cast<std::size_t>(first)];
+    std::size_t const other = followed_[static_cast<std::size_t>(1 - first)];
+    // The second tokenisation rides along until the target has clearly chosen (rows cost time).
+    bool const both = produces_trees && !(lead >= 8 && lead >= 4 * other);
     std::array<std::vector<token_id>, 2> spans{tokenise(bytes, first), {}};
-    if (produces_trees) spans[1] = tokenise(bytes, 1 - first);
+    if (both) spans[1] = tokenise(bytes, 1 - first);
     if (spans[0].empty() && spans[1].empty()) return false;
     tree.reset(ctx.tokens.back());
     map_.clear();

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -48,29 +49,66 @@ class token_vocabulary {
       SPECDEC_CHECK(t >= 0 && static_cast<std::size_t>(t) < bytes_.size(), invalid_argument,
                     "token_vocabulary: end token ", t, " is outside the vocabulary of ",
                     bytes_.size());
-    nodes_.emplace_back();
+    // The trie in preorder (see `walk`): the text tokens sorted by their bytes, each distinct
+    // prefix one node, a node's tokens those whose bytes end there.
     for (std::size_t t = 0; t < bytes_.size(); ++t) {
       // End tokens end the output: whatever their bytes, they are never text.
       if (bytes_[t].empty() || is_end(static_cast<token_id>(t))) continue;
-      std::int32_t n = 0;
-      for (char c : bytes_[t]) {
-        auto const b = static_cast<std::uint8_t>(c);
-        std::int32_t child = find_child(n, b);
-        if (child < 0) {
-          child = static_cast<std::int32_t>(nodes_.size());
-          nodes_.emplace_back();
-          auto& kids = nodes_[static_cast<std::size_t>(n)].children;
-          kids.insert(std::lower_bound(kids.begin(), kids.end(),
-                                       std::pair<std::uint8_t, std::int32_t>(b, -1)),
-                      {b, child});
-        }
-        n = child;
-      }
-      nodes_[static_cast<std::size_t>(n)].tokens.push_back(static_cast<token_id>(t));
+      sorted_.push_back(static_cast<token_id>(t));
       if (bytes_[t].size() == 1) {
         auto const b = static_cast<std::uint8_t>(bytes_[t][0]);
         if (single_[b] == no_token) single_[b] = static_cast<token_id>(t);
       }
+    }
+    std::stable_sort(sorted_.begin(), sorted_.end(),
+                     [&](token_id a, token_id b) { return this->bytes(a) < this->bytes(b); });
+    std::vector<std::uint32_t> path;  // the nodes of the current prefix, by depth - 1
+    std::string_view prev;
+    for (std::size_t i = 0; i < sorted_.size(); ++i) {
+      std::string_view const b = this->bytes(sorted_[i]);
+      std::size_t common = 0;
+      while (common < prev.size() && common < b.size() && prev[common] == b[common]) ++common;
+      for (; path.size() > common; path.pop_back())
+        node_end_[path.back()] = static_cast<std::uint32_t>(node_byte_.size());
+      for (std::size_t d = common; d < b.size(); ++d) {
+        path.push_back(static_cast<std::uint32_t>(node_byte_.size()));
+        node_byte_.push_back(static_cast<std::uint8_t>(b[d]));
+        node_depth_.push_back(static_cast<std::uint32_t>(d + 1));
+        node_end_.push_back(0);
+        node_tokens_.push_back(static_cast<std::uint32_t>(i));  // first token at or after it
+        max_depth_ = std::max(max_depth_, d + 1);
+      }
+      prev = b;
+    }
+    for (; !path.empty(); path.pop_back())
+      node_end_[path.back()] = static_cast<std::uint32_t>(node_byte_.size());
+    node_tokens_.push_back(static_cast<std::uint32_t>(sorted_.size()));
+  }
+
+  //! Calls `visit(token, state)` for every text token whose bytes, run from `state` through
+  //! `next(state, byte)` (-1: rejected), keep it alive, with the state they lead to. One pass over
+  //! the trie in preorder, skipping each rejected subtree whole.
+  template <class Next, class Visit>
+  void walk(std::int32_t state, Next&& next, Visit&& visit) const {
+    std::vector<std::int32_t>& at = walk_states();
+    at.resize(max_depth_ + 1);
+    at[0] = state;
+    std::size_t const n = node_byte_.size();
+    for (std::size_t i = 0; i < n;) {
+      std::uint32_t const d = node_depth_[i];
+      std::int32_t const s = next(at[d - 1], node_byte_[i]);
+      if (s < 0) {
+        i = node_end_[i];
+        continue;
+      }
+      at[d] = s;
+      // The tokens whose bytes end here: from this node's first token while their length is d.
+      for (std::uint32_t k = node_tokens_[i]; k < node_tokens_[i + 1]; ++k) {
+        token_id const t = sorted_[k];
+        if (bytes(t).size() != d) break;
+        visit(t, s);
+      }
+      ++i;
     }
   }
 
@@ -103,24 +141,21 @@ class token_vocabulary {
   //! The lowest token that is exactly byte `b`, or `no_token`.
   [[nodiscard]] token_id single(std::uint8_t b) const noexcept { return single_[b]; }
 
-  //! A trie node: children by byte (ascending), tokens ending here.
-  struct node {
-    std::vector<std::pair<std::uint8_t, std::int32_t>> children;
-    std::vector<token_id> tokens;
-  };
-  [[nodiscard]] std::vector<node> const& trie() const noexcept { return nodes_; }
-
  private:
-  [[nodiscard]] std::int32_t find_child(std::int32_t n, std::uint8_t b) const {
-    auto const& kids = nodes_[static_cast<std::size_t>(n)].children;
-    auto const it =
-        std::lower_bound(kids.begin(), kids.end(), std::pair<std::uint8_t, std::int32_t>(b, -1));
-    return it != kids.end() && it->first == b ? it->second : -1;
+  static std::vector<std::int32_t>& walk_states() {
+    thread_local std::vector<std::int32_t> states;
+    return states;
   }
 
   std::vector<std::string> bytes_;
   std::vector<token_id> end_;
-  std::vector<node> nodes_;
+  // The trie, in preorder: node i's byte, depth, the end of its subtree, and the first entry of
+  // `sorted_` at or after its prefix (the tokens ending at node i are the ones from there whose
+  // length is its depth).
+  std::vector<token_id> sorted_;
+  std::vector<std::uint8_t> node_byte_;
+  std::vector<std::uint32_t> node_depth_, node_end_, node_tokens_;
+  std::size_t max_depth_ = 0;
   std::array<token_id, 256> single_ = filled_single();
 
   static std::array<token_id, 256> filled_single() {
@@ -253,26 +288,11 @@ class automaton_constraint {
     return ((t.mask[i / 64] >> (i % 64)) & 1u) != 0;
   }
 
-  //! Walks the trie from DFA state `s`, calling `visit(token, next state)` for every token whose
-  //! bytes keep the DFA alive (subtrees the DFA rejects are skipped).
+  //! Calls `visit(token, next state)` for every token whose bytes keep the DFA alive from `s`.
   template <class Visit>
   void walk(std::int32_t s, Visit&& visit) const {
-    auto const& trie = vocab_->trie();
-    struct item {
-      std::int32_t node, state;
-    };
-    std::vector<item> stack{{0, s}};
-    while (!stack.empty()) {
-      item const it = stack.back();
-      stack.pop_back();
-      auto const& n = trie[static_cast<std::size_t>(it.node)];
-      if (it.node != 0)
-        for (token_id t : n.tokens) visit(t, it.state);
-      for (auto const& [b, child] : n.children) {
-        std::int32_t const next = dfa_.next(it.state, b);
-        if (next >= 0) stack.push_back({child, next});
-      }
-    }
+    vocab_->walk(
+        s, [this](std::int32_t at, std::uint8_t b) { return dfa_.next(at, b); }, visit);
   }
 
   //! Which DFA states the vocabulary can still finish a match from. When every byte the DFA reads
@@ -310,11 +330,26 @@ class automaton_constraint {
   token_table const& build(std::int32_t s) const {
     auto table = std::make_unique<token_table>();
     table->mask.assign(words_, 0);
+    std::uint64_t* const mask = table->mask.data();
     walk(s, [&](token_id t, std::int32_t to) {
-      if (live_[static_cast<std::size_t>(to)]) set_bit(*table, t);
+      auto const i = static_cast<std::size_t>(t);
+      if (live_[static_cast<std::size_t>(to)]) mask[i / 64] |= std::uint64_t{1} << (i % 64);
     });
     if (dfa_.accepting(s))
-      for (token_id t : vocab_->end_tokens()) set_bit(*table, t);
+      for (token_id t : vocab_->end_tokens()) {
+        auto const i = static_cast<std::size_t>(t);
+        mask[i / 64] |= std::uint64_t{1} << (i % 64);
+      }
+    for (std::size_t w = 0; w < words_; ++w) {
+      if (mask[w] == 0) continue;
+      int const bits = std::popcount(mask[w]);
+      if (table->count == 0 && bits == 1)
+        table->only =
+            static_cast<token_id>(w * 64 + static_cast<std::size_t>(std::countr_zero(mask[w])));
+      else
+        table->only = no_token;
+      table->count += static_cast<std::size_t>(bits);
+    }
     std::lock_guard<std::mutex> const lock(mutex_);
     token_table const* have = tables_[static_cast<std::size_t>(s)].load(std::memory_order_acquire);
     if (have != nullptr) return *have;

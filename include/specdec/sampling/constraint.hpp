@@ -19,10 +19,12 @@
 //! prompt) are not read.
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <span>
@@ -66,17 +68,50 @@ concept constraint = std::copyable<typename C::state_type> &&
 namespace detail {
 
 //! Writes `logits` into `out` with the tokens not in `mask` set to -inf (`out` may be `logits`).
+//! For each byte value, eight lanes of all-ones (bit set) or zero: a mixed word of a mask is
+//! applied eight floats at a time with bitwise selects, which the compiler vectorises.
+inline std::array<std::array<std::uint32_t, 8>, 256> const& byte_lanes() noexcept {
+  static auto const lanes = [] {
+    std::array<std::array<std::uint32_t, 8>, 256> l{};
+    for (std::size_t b = 0; b < 256; ++b)
+      for (std::size_t j = 0; j < 8; ++j) l[b][j] = ((b >> j) & 1u) != 0 ? ~std::uint32_t{0} : 0u;
+    return l;
+  }();
+  return lanes;
+}
+
 inline void apply_token_mask(std::span<float const> logits, std::span<std::uint64_t const> mask,
                              std::span<float> out) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
+  std::uint32_t const ninf_bits = std::bit_cast<std::uint32_t>(ninf);
   std::size_t const vocab = logits.size();
-  for (std::size_t w = 0; w * 64 < vocab; ++w) {
+  float const* in = logits.data();
+  float* o = out.data();
+  std::size_t const full = vocab / 64;
+  auto const& lanes = byte_lanes();
+  // Word by word: a word with no allowed token is a fill, one with all of them a copy, a mixed
+  // one eight bitwise selects of eight lanes.
+  for (std::size_t w = 0; w < full; ++w) {
     std::uint64_t const bits = mask[w];
-    std::size_t const base = w * 64;
-    std::size_t const end = std::min<std::size_t>(base + 64, vocab);
-    for (std::size_t i = base; i < end; ++i)
-      out[i] = ((bits >> (i - base)) & 1u) != 0 ? logits[i] : ninf;
+    float const* src = in + w * 64;
+    float* dst = o + w * 64;
+    if (bits == 0) {
+      std::fill(dst, dst + 64, ninf);
+    } else if (bits == ~std::uint64_t{0}) {
+      if (dst != src) std::copy(src, src + 64, dst);
+    } else {
+      std::array<std::uint32_t, 64> x;
+      std::memcpy(x.data(), src, sizeof x);
+      for (std::size_t g = 0; g < 8; ++g) {
+        std::array<std::uint32_t, 8> const& m = lanes[(bits >> (8 * g)) & 0xFFu];
+        for (std::size_t j = 0; j < 8; ++j)
+          x[8 * g + j] = (x[8 * g + j] & m[j]) | (ninf_bits & ~m[j]);
+      }
+      std::memcpy(dst, x.data(), sizeof x);
+    }
   }
+  for (std::size_t i = full * 64; i < vocab; ++i)
+    o[i] = ((mask[full] >> (i - full * 64)) & 1u) != 0 ? in[i] : ninf;
 }
 
 //! The argmax of `logits` among the tokens in `mask` (ties to the lowest id), or `no_token` when
