@@ -14,6 +14,7 @@
 #include <regex>
 #pragma GCC diagnostic pop
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "specdec/core/error.hpp"
@@ -224,4 +225,39 @@ TEST_CASE("token tables: an end token is never text, whatever its bytes") {
   CHECK_THROWS_AS((void)c->table(12345), specdec::error);
   specdec::automaton_constraint::state_type bad = 12345;
   CHECK_FALSE(c->advance(bad, 0));
+}
+
+TEST_CASE("token tables: built concurrently by several threads, the same tables (concurrent)") {
+  auto const vocab = std::make_shared<specdec::token_vocabulary const>(
+      specdec::token_vocabulary::of(fixture::tok512()));
+  std::string const pattern =
+      "\\{\"name\": \"[A-Z][a-z]{1,8}\", \"tags\": \\[(\"[a-z]+\"(, )?){0,3}\\]\\}";
+  auto const alone = specdec::regex_constraint(pattern, vocab);
+  auto const shared = specdec::regex_constraint(pattern, vocab);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::size_t> steps(4, 0);
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(static_cast<unsigned>(100 + w));
+      for (int walk = 0; walk < 20; ++walk) {
+        auto s = shared->start();
+        for (int step = 0; step < 30 && !shared->complete(s); ++step) {
+          ++steps[static_cast<std::size_t>(w)];
+          auto const& table = shared->table(s);
+          if (table.mask != alone->table(s).mask) ++mismatches[static_cast<std::size_t>(w)];
+          std::vector<token_id> allowed;
+          for (std::size_t t = 0; t < vocab->size(); ++t)
+            if (shared->allows(s, static_cast<token_id>(t)) &&
+                !vocab->is_end(static_cast<token_id>(t)))
+              allowed.push_back(static_cast<token_id>(t));
+          if (allowed.empty()) break;
+          (void)shared->advance(s, allowed[rng() % allowed.size()]);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int m : mismatches) CHECK(m == 0);
+  for (std::size_t s : steps) CHECK(s > 200);  // the walks went deep: many states were built
 }
