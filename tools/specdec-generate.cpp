@@ -3,6 +3,9 @@
 // tools/generate/strategies.hpp), streaming the text as tokens are committed, then a statistics
 // table; --compare adds the autoregressive baseline and the speedup, --json prints one JSON object
 // instead, --stream-json a JSON line per token then that object, --report a picture of the run.
+// --regex PATTERN or --json-schema FILE constrains the output of every strategy (the decoders'
+// policy masks each row to the tokens the constraint allows; tools/generate/strategies.hpp), and
+// the statistics say whether the output is valid.
 // --prompts FILE --batch N serves every prompt of a JSON Lines file as concurrent requests
 // (tools/generate/batch.hpp). See docs/generate.md and --help.
 //
@@ -23,6 +26,7 @@
 #include <optional>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,7 +45,10 @@
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
+#include "specdec/sampling/json_schema.hpp"
 #include "specdec/sampling/policy.hpp"
+#include "specdec/sampling/regex.hpp"
 
 namespace {
 
@@ -280,6 +287,36 @@ void write_report(std::string const& path, run_output const& out, std::vector<st
   if (!file) throw std::runtime_error("--report: cannot write '" + path + "'");
 }
 
+//! The output constraint of --regex or --json-schema over `tok`'s vocabulary, or none. A bad
+//! pattern or schema throws the compiler's `specdec::error`, which says where.
+output_constraint load_constraint(option_values const& v, sd::tokenizer const& tok) {
+  output_constraint c;
+  auto const pattern = v.text(opt::regex);
+  auto const schema = v.text(opt::json_schema);
+  if (!pattern && !schema) return c;
+  c.forced_spans = !v.flag(opt::no_forced_spans);
+  auto const vocabulary =
+      std::make_shared<sd::token_vocabulary const>(sd::token_vocabulary::of(tok));
+  if (pattern) {
+    c.kind = "regex";
+    c.source = *pattern;
+    c.automaton = sd::regex_constraint(*pattern, vocabulary);
+    return c;
+  }
+  c.kind = "json_schema";
+  c.source = *schema;
+  std::ifstream in(*schema, std::ios::binary);
+  if (!in) throw std::runtime_error("--json-schema: cannot read '" + *schema + "'");
+  std::string const text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string const layout = v.text(opt::json_whitespace).value_or("spaced");
+  sd::json_schema_options options;
+  options.whitespace = layout == "compact"    ? sd::json_whitespace::compact
+                       : layout == "flexible" ? sd::json_whitespace::flexible
+                                              : sd::json_whitespace::spaced;
+  c.automaton = sd::json_schema_constraint(text, vocabulary, options);
+  return c;
+}
+
 // --verbose: the set-up, to stderr (the CPU target, the targets compiled and supported, threads).
 void print_setup(option_values const& v) {
   std::string compiled, supported;
@@ -317,6 +354,7 @@ int run(command_line const& cmd) {
   auto const weights =
       std::make_shared<sd::llama_weights const>(sd::load_model(*v.text(opt::model), access));
   sd::tokenizer const tok = load_vocabulary(v);
+  output_constraint const constraint = load_constraint(v, tok);
 
   // The context: --context may exceed what the model was trained on (its seq_len), with a
   // warning; the KV cache grows with the positions used, not with the context.
@@ -368,7 +406,8 @@ int run(command_line const& cmd) {
   if (v.given(opt::prompts)) {  // many prompts as concurrent requests (generate/batch.hpp)
     if (device == device_kind::cuda)
       throw usage_error("--prompts serves its requests on the CPU backend; drop --device cuda");
-    return run_batch({v, chosen, weights, tok, model_options, params, config, typical, access});
+    return run_batch(
+        {v, chosen, weights, tok, model_options, params, config, typical, access, constraint});
   }
 
   auto const prompt_file = v.text(opt::prompt_file);
@@ -389,7 +428,7 @@ int run(command_line const& cmd) {
             model_options,
             prompt,
             config,
-            sd::sampler(params),
+            cli_policy(sd::sampler(params), constraint.automaton),
             params.temperature == 0.0f,
             {},
             std::nullopt,
@@ -397,6 +436,8 @@ int run(command_line const& cmd) {
             device,
             dtype};
   s.typical = typical;
+  s.constraint = constraint;
+  s.tok = &tok;
   if (v.text(opt::speculate).value_or("full") == "adaptive")
     s.speculation = chosen_speculation(sd::adaptive_speculation{});
   bool const json = v.flag(opt::json), stream_json = v.flag(opt::stream_json);
@@ -429,6 +470,8 @@ int run(command_line const& cmd) {
   std::optional<comparison> cmp;
   if (compare) cmp = compare_runs(out, median_run(std::move(baselines)), s.greedy);
   comparison const* const c = cmp ? &*cmp : nullptr;
+  std::optional<constraint_check> check;
+  if (constraint) check = check_output(constraint, tok, out.result.tokens);
 
   if (json || stream_json) {
     nlohmann::ordered_json j;
@@ -441,6 +484,7 @@ int run(command_line const& cmd) {
     j["text"] = decode_after(tok, prompt.back(), out.result.tokens);
     j["tokens"] = out.result.tokens;
     j["finish_reason"] = sd::to_string(out.result.reason);
+    if (check) j["constraint"] = constraint_json(*check, out.constrained);
     j["stats"] = stats_json(out, c);
     j["timing"] = timing_json(times);
     j["repeat"] = repeat;
@@ -455,7 +499,7 @@ int run(command_line const& cmd) {
     }
     print_json(j);
   } else {
-    print_table(stdout, out, c, &times);
+    print_table(stdout, out, c, &times, check ? &*check : nullptr);
     if (warmup > 0)
       std::printf("  (timings: the run of median time of %zu%s, after a warm-up run%s)\n", repeat,
                   c != nullptr ? ", for each, run alternately" : "",

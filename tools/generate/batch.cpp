@@ -29,11 +29,13 @@
 #include "specdec/detail/memory.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/constrained.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/suffix.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/tree_sampling.hpp"
@@ -123,7 +125,22 @@ class prefixed_stream {
 struct served_request {
   std::size_t line = 0;
   sd::batch_result result;
+  std::optional<constraint_check> check;  //!< its output against the constraint, if one applies
 };
+
+//! One request's proposer under the constraint of `s` (a pass-through with none): what
+//! `run_speculative` does for a single request (strategies.hpp), inside each request's factory.
+template <class Proposer>
+sd::constrained_proposer<Proposer, sd::automaton_constraint> constrain(batch_session const& s,
+                                                                       Proposer proposer) {
+  return sd::constrained_proposer<Proposer, sd::automaton_constraint>(
+      std::move(proposer), s.constraint.automaton, forced_span_encoder(&s.tok),
+      {.forced_spans = s.constraint.forced_spans});
+}
+
+//! `constrain`'s type for `Proposer`.
+template <class Proposer>
+using constrained_request = sd::constrained_proposer<Proposer, sd::automaton_constraint>;
 
 //! The statistics table of a batched run.
 inline void print_batch_table(std::FILE* f, std::string const& description,
@@ -134,12 +151,20 @@ inline void print_batch_table(std::FILE* f, std::string const& description,
                description.c_str(), verifier.c_str(), all.size(), batch, speculate.c_str());
   std::fprintf(f, "  %6s %7s %7s %6s %8s %8s %8s %9s  %s\n", "line", "prompt", "tokens", "steps",
                "drafted", "accepted", "acc.len", "tok/s", "finish");
+  std::size_t valid = 0;
+  constraint_check const* constrained = nullptr;  // a request's check, naming the constraint
   for (served_request const& r : all) {
     sd::request_stats const& st = r.result.result.stats;
-    std::fprintf(f, "  %6zu %7zu %7zu %6zu %8zu %8zu %8.2f %9.1f  %s%s%s\n", r.line,
+    std::string validity;
+    if (r.check) {
+      constrained = &*r.check;
+      valid += r.check->valid ? 1 : 0;
+      validity = r.check->valid ? ", valid" : ", INVALID";
+    }
+    std::fprintf(f, "  %6zu %7zu %7zu %6zu %8zu %8zu %8.2f %9.1f  %s%s%s%s\n", r.line,
                  st.prompt_tokens, st.generated, st.steps, st.drafted, st.accepted,
                  st.mean_accepted_length(), st.tokens_per_second(),
-                 std::string(sd::to_string(r.result.result.reason)).c_str(),
+                 std::string(sd::to_string(r.result.result.reason)).c_str(), validity.c_str(),
                  r.result.failed() ? ": " : "", r.result.error.c_str());
   }
   using detail::format;
@@ -148,6 +173,10 @@ inline void print_batch_table(std::FILE* f, std::string const& description,
   row(f, "total",
       format("%zu tokens from %zu requests (%zu failed) in %.2f s", s.committed, s.finished,
              s.failed, wall));
+  if (constrained != nullptr) {
+    row(f, "constraint", constraint_text(*constrained));
+    row(f, "outputs valid", format("%zu of %zu (complete)", valid, all.size()));
+  }
   row(f, "throughput",
       format("%.1f committed tokens/s over the steps (%.1f over the run)", s.tokens_per_second(),
              wall > 0.0 ? static_cast<double>(s.committed) / wall : 0.0));
@@ -229,16 +258,22 @@ int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
   check_batch_memory(s, batch, sd::node_budget(proposer, s.config), sd::samples_drafts_v<Proposer>,
                      longest);
   sd::cpu_batched_llama model(s.weights, {.model = s.model_options, .max_slots = batch});
-  sd::batch_decoder<sd::cpu_batched_llama, Proposer, Verifier, sd::sampler, chosen_speculation>
+  sd::batch_decoder<sd::cpu_batched_llama, Proposer, Verifier, cli_policy, chosen_speculation>
       decoder(model, proposer, std::move(verifier), std::move(speculation));
+  cli_policy const policy(sd::sampler(s.params), s.constraint.automaton);
 
   prefixed_stream stream(s.tok, prompts, encoded);
   std::vector<served_request> done(prompts.size());
   std::vector<std::uint64_t> ids;
   std::size_t refused_count = 0;
+  std::size_t valid = 0;
   auto const finished = [&](std::size_t i, sd::batch_result const& r) {
     done[i].line = prompts[i].line;
     done[i].result = r;
+    if (s.constraint) {
+      done[i].check = check_output(s.constraint, s.tok, r.result.tokens);
+      valid += done[i].check->valid ? 1 : 0;
+    }
     if (json) {
       nlohmann::ordered_json j;
       j["line"] = prompts[i].line;
@@ -249,13 +284,17 @@ int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
       j["tokens"] = r.result.tokens;
       j["finish_reason"] = sd::to_string(r.result.reason);
       if (r.failed()) j["error"] = r.error;
+      if (done[i].check) j["constraint"] = constraint_json(*done[i].check, std::nullopt);
       j["stats"] = stats_json(run_output{r.result, description, verifier_name}, nullptr);
       print_json(j);
       std::fflush(stdout);
     } else {
-      stream.end(i, r.failed() ? "failed: " + r.error
-                               : std::string(sd::to_string(r.result.reason)) + ", " +
-                                     std::to_string(r.result.tokens.size()) + " tokens");
+      std::string what = r.failed() ? "failed: " + r.error
+                                    : std::string(sd::to_string(r.result.reason)) + ", " +
+                                          std::to_string(r.result.tokens.size()) + " tokens";
+      if (done[i].check && !r.failed())
+        what += ", output valid: " + validity_text(*done[i].check, r.result.reason);
+      stream.end(i, what);
     }
   };
   for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -279,8 +318,7 @@ int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
     callbacks.on_finish = [&finished, i](std::uint64_t, sd::batch_result const& r) {
       finished(i, r);
     };
-    ids.push_back(
-        decoder.submit(encoded[i], sd::sampler(s.params), std::move(config), std::move(callbacks)));
+    ids.push_back(decoder.submit(encoded[i], policy, std::move(config), std::move(callbacks)));
   }
   auto const start = std::chrono::steady_clock::now();
   decoder.run();
@@ -314,6 +352,13 @@ int serve(batch_session const& s, std::vector<numbered_prompt> const& prompts,
     total["step_seconds"] = st.seconds;
     total["total_seconds"] = wall;
     total["cpu_target"] = sd::to_string(sd::active_cpu_target());
+    if (s.constraint) {
+      nlohmann::ordered_json c;
+      c["kind"] = s.constraint.kind;
+      c["source"] = s.constraint.source;
+      c["valid_outputs"] = valid;
+      total["constraint"] = std::move(c);
+    }
     nlohmann::ordered_json j;
     j["total"] = std::move(total);
     print_json(j);
@@ -378,8 +423,8 @@ int run_batch(batch_session const& s) {
   }
   if (s.chosen.name == "prompt-lookup") {
     sd::prompt_lookup_config const c = lookup_config(v);
-    sd::per_request_proposer<sd::prompt_lookup_proposer> proposer(
-        [c] { return sd::prompt_lookup_proposer(c); });
+    sd::per_request_proposer<constrained_request<sd::prompt_lookup_proposer>> proposer(
+        [&s, c] { return constrain(s, sd::prompt_lookup_proposer(c)); });
     return with_verifier(
         proposer,
         "prompt lookup per request, n-grams " + std::to_string(c.n_max) + ".." +
@@ -391,8 +436,8 @@ int run_batch(batch_session const& s) {
     auto const datastore =
         load_datastore(v, static_cast<std::size_t>(s.weights->config.vocab_size));
     sd::rest_config const c = rest_config_of(v);
-    sd::per_request_proposer<sd::rest_proposer> proposer(
-        [datastore, c] { return sd::rest_proposer(datastore, c); });
+    sd::per_request_proposer<constrained_request<sd::rest_proposer>> proposer(
+        [&s, datastore, c] { return constrain(s, sd::rest_proposer(datastore, c)); });
     return with_verifier(proposer, "REST per request, one shared " +
                                        std::to_string(datastore->size()) +
                                        "-entry datastore, depth " + std::to_string(c.depth) + ", " +
@@ -404,8 +449,8 @@ int run_batch(batch_session const& s) {
     sd::suffix_config const c = suffix_config_of(v);
     std::string const description = suffix_description(c, *cache) + ", per request";
     int const status = [&] {
-      sd::per_request_proposer<sd::suffix_proposer> proposer(
-          [cache, c] { return sd::suffix_proposer(cache, c); });
+      sd::per_request_proposer<constrained_request<sd::suffix_proposer>> proposer(
+          [&s, cache, c] { return constrain(s, sd::suffix_proposer(cache, c)); });
       return with_verifier(proposer, description);
     }();
     save_suffix_cache(v, *cache, !v.flag(opt::json));
@@ -485,8 +530,17 @@ int run_batch(batch_session const& s) {
     // state); the tree is chosen once, as a single run chooses it (with a single-sequence instance
     // of the target for the measured accuracies).
     lm single = make_lm(device_kind::cpu, sd::weight_dtype::f32, s.weights, s.model_options);
-    session one{v,      s.weights, single,    s.model_options, {}, s.config, sd::sampler(s.params),
-                greedy, {},        s.typical, s.access};
+    session one{v,
+                s.weights,
+                single,
+                s.model_options,
+                {},
+                s.config,
+                cli_policy(sd::sampler(s.params), s.constraint.automaton),
+                greedy,
+                {},
+                s.typical,
+                s.access};
     std::filesystem::path const dir = heads_directory(v);
     std::string tree_text;
     // `make(runner, tree)` builds one request's proposer.

@@ -5,6 +5,8 @@
 // requests in the batch. Text mode streams each request's text after its line number ("12: Once
 // upon a time ..."), then a statistics table per request and in total; --json prints one object
 // per request as it ends (line, text, tokens, finish reason, stats) and one with the totals.
+// Under --regex or --json-schema every request decodes under the constraint, and each request's
+// line, table row and object say whether its output is valid; the totals count the valid ones.
 
 #include <memory>
 #include <optional>
@@ -31,6 +33,7 @@ struct batch_session {
   sd::decode_config config;  //!< stops and length; its seed is the base of the requests' seeds
   std::optional<sd::typical_acceptance_params> typical;  //!< --verifier typical
   sd::file_access access = sd::file_access::map;         //!< how every file is read (--no-mmap)
+  output_constraint constraint = {};  //!< every request's output constraint, or none
 };
 
 //! Serves every prompt of --prompts with the chosen strategy (batch.cpp); returns the exit

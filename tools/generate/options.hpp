@@ -13,8 +13,10 @@
 //    --top-p, --min-p, --seed; --verifier typical) at --temp 0, where it cannot change the output
 //    (the penalties do change greedy decoding and apply at any temperature); an option that needs
 //    another (`check_general`: --repeat-last-n a penalty, --logprobs JSON output, --report-step
-//    --report, the typical verifier's parameters --verifier typical; --json and --stream-json
-//    exclude each other); the strategy's own checks;
+//    --report, the typical verifier's parameters --verifier typical, --json-whitespace
+//    --json-schema, --no-forced-spans a constraint; --json and --stream-json exclude each other,
+//    and so do --regex and --json-schema, and a constraint and --ignore-eos); the strategy's own
+//    checks;
 // 5. a file that does not exist.
 
 #include <CLI/CLI.hpp>
@@ -220,6 +222,37 @@ inline constexpr option_spec ignore_eos{
         "do not stop at the model's end-of-text tokens (llama2.c models: BOS and EOS; GGUF: EOS, "
         "end of turn, end of message)"};
 
+inline constexpr option_spec regex{
+    .flag = "--regex",
+    .value_name = "PATTERN",
+    .kind = value_kind::text,
+    .help =
+        "constrain the output to match PATTERN in full (a subset of ECMAScript: no "
+        "backreferences, lookaround or word boundaries); it ends at an end-of-text token once "
+        "complete",
+    .non_empty = true};
+inline constexpr option_spec json_schema{
+    .flag = "--json-schema",
+    .value_name = "FILE",
+    .kind = value_kind::file,
+    .help =
+        "constrain the output to a JSON value that the JSON Schema in FILE accepts; it ends at "
+        "an end-of-text token once complete"};
+inline constexpr option_spec json_whitespace{
+    .flag = "--json-whitespace",
+    .value_name = "NAME",
+    .kind = value_kind::text,
+    .help =
+        "the layout --json-schema allows: 'compact' (no whitespace), 'spaced' (a space after "
+        "each comma and colon, as Python's json.dumps) or 'flexible' (up to 2 spaces, tabs or "
+        "newlines around every structural character)",
+    .default_text = "spaced"};
+inline constexpr option_spec no_forced_spans{
+    .flag = "--no-forced-spans",
+    .help =
+        "with --regex or --json-schema: never draft the text the constraint forces (keys, "
+        "punctuation, literal parts) in place of the strategy's own draft"};
+
 inline constexpr option_spec compare{
     .flag = "--compare",
     .help =
@@ -328,6 +361,8 @@ inline constexpr option_spec const* sampling[] = {&opt::temperature,
                                                   &opt::typical_delta};
 inline constexpr option_spec const* generation[] = {
     &opt::prompt, &opt::prompt_file, &opt::max_new_tokens, &opt::stop, &opt::ignore_eos};
+inline constexpr option_spec const* constraint[] = {&opt::regex, &opt::json_schema,
+                                                    &opt::json_whitespace, &opt::no_forced_spans};
 inline constexpr option_spec const* output[] = {&opt::compare,     &opt::repeat,   &opt::json,
                                                 &opt::stream_json, &opt::logprobs, &opt::report,
                                                 &opt::report_step, &opt::verbose};
@@ -342,6 +377,10 @@ inline constexpr option_group general_groups[] = {
      "at --temp 0 decoding is greedy: the options marked 'needs --temp > 0' cannot change the "
      "output there and are refused; the penalties change greedy decoding too"},
     {"generation:", general_options::generation, {}},
+    {"constrained output:", general_options::constraint,
+     "every strategy decodes under the constraint (each row's distribution masked to the tokens "
+     "it allows; verification stays exact); not with --ignore-eos; the statistics say whether "
+     "the output is valid (complete)"},
     {"output:", general_options::output, {}},
     {"serving (many prompts as concurrent requests):", general_options::serving,
      "with --prompts: --json prints one object per request (as each ends) and a total; "
@@ -501,6 +540,23 @@ inline void check_general(std::map<std::string_view, std::vector<std::string>> c
   for (option_spec const* o : {&opt::typical_epsilon, &opt::typical_delta})
     if (given(*o) && verifier != "typical")
       throw usage_error(std::string(o->flag) + " applies to --verifier typical only");
+  if (given(opt::regex) && given(opt::json_schema))
+    throw usage_error("give --regex or --json-schema, not both");
+  bool const constrained = given(opt::regex) || given(opt::json_schema);
+  if (given(opt::json_whitespace)) {
+    if (!given(opt::json_schema))
+      throw usage_error("--json-whitespace applies to --json-schema only");
+    std::string const layout = *v.text(opt::json_whitespace);
+    if (layout != "compact" && layout != "spaced" && layout != "flexible")
+      throw usage_error("unknown --json-whitespace '" + layout + "' (compact, spaced, flexible)");
+  }
+  if (given(opt::no_forced_spans) && !constrained)
+    throw usage_error("--no-forced-spans applies to --regex and --json-schema only");
+  if (given(opt::ignore_eos) && constrained)
+    throw usage_error(
+        std::string(given(opt::regex) ? "--regex" : "--json-schema") +
+        " ends the output at an end-of-text token once it is complete: --ignore-eos cannot "
+        "apply");
   if (given(opt::report_step) && !given(opt::report))
     throw usage_error("--report-step applies to --report only");
   if (given(opt::prompts)) {

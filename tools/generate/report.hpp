@@ -33,6 +33,63 @@ inline std::string decode_after(sd::tokenizer const& tok, sd::token_id previous,
   return text;
 }
 
+//! The text of `tokens` up to the first control token (an end-of-text token): the output as a
+//! constraint reads it (`token_vocabulary::of`: a first piece keeps its leading space, which the
+//! streamed text drops right after BOS).
+inline std::string output_text(sd::tokenizer const& tok, std::span<sd::token_id const> tokens) {
+  std::size_t n = 0;
+  while (n < tokens.size() && tok.type(tokens[n]) != sd::token_type::control) ++n;
+  return decode_after(tok, sd::no_token, tokens.first(n));
+}
+
+//! Whether an output satisfies the run's constraint (--regex, --json-schema).
+struct constraint_check {
+  std::string kind;    //!< "regex" or "json_schema"
+  std::string source;  //!< the pattern, or the schema file's path
+  bool valid = false;  //!< the whole text matches the constraint (complete)
+  bool json = false;   //!< the text parses as JSON
+};
+
+//! Checks the output `tokens` against `c` (which applies).
+inline constraint_check check_output(output_constraint const& c, sd::tokenizer const& tok,
+                                     std::span<sd::token_id const> tokens) {
+  std::string const text = output_text(tok, tokens);
+  return {.kind = c.kind,
+          .source = c.source,
+          .valid = c.automaton->matches(text),
+          .json = nlohmann::json::accept(text)};
+}
+
+//! The constraint in words: regex "PATTERN" or JSON schema FILE.
+inline std::string constraint_text(constraint_check const& c) {
+  if (c.kind == "regex") return "regex \"" + c.source + "\"";
+  return "JSON schema " + c.source;
+}
+
+//! Whether the output is valid, in words: "yes (complete, parses as JSON)", "no (incomplete:
+//! max_tokens)".
+inline std::string validity_text(constraint_check const& c, sd::finish_reason reason) {
+  if (!c.valid) return "no (incomplete: " + std::string(sd::to_string(reason)) + ")";
+  if (c.kind != "json_schema") return "yes (complete)";
+  return c.json ? "yes (complete, parses as JSON)" : "yes (complete) but it does not parse as JSON";
+}
+
+//! The "constraint" member of --json: {"kind", "source", "valid", "json"}, and the constrained
+//! proposer's "forced_steps" and "pruned_nodes" when the run's proposer was wrapped (`drafts`).
+inline nlohmann::ordered_json constraint_json(constraint_check const& c,
+                                              std::optional<constrained_drafts> const& drafts) {
+  nlohmann::ordered_json o;
+  o["kind"] = c.kind;
+  o["source"] = c.source;
+  o["valid"] = c.valid;
+  o["json"] = c.json;
+  if (drafts) {
+    o["forced_steps"] = drafts->forced_steps;
+    o["pruned_nodes"] = drafts->pruned_nodes;
+  }
+  return o;
+}
+
 //! One JSON value on one line of stdout; invalid UTF-8 (byte-fallback tokens can split a
 //! character) becomes U+FFFD.
 inline void print_json(nlohmann::ordered_json const& j) {
@@ -167,10 +224,10 @@ std::string format(char const* fmt, Args... args) {
 
 }  // namespace detail
 
-//! Prints the statistics table of `run` (and of the comparison, and of the timed runs when there
-//! were several or a warm-up) to `f`.
+//! Prints the statistics table of `run` (and of the comparison, of the timed runs when there
+//! were several or a warm-up, and of its output's constraint `check`) to `f`.
 inline void print_table(std::FILE* f, run_output const& run, comparison const* cmp,
-                        timing const* t = nullptr) {
+                        timing const* t = nullptr, constraint_check const* check = nullptr) {
   using detail::format;
   using detail::row;
   sd::request_stats const& s = run.result.stats;
@@ -179,6 +236,14 @@ inline void print_table(std::FILE* f, run_output const& run, comparison const* c
   row(f, "generated",
       format("%zu tokens (%s)", s.generated,
              std::string(sd::to_string(run.result.reason)).c_str()));
+  if (check != nullptr) {
+    row(f, "constraint", constraint_text(*check));
+    row(f, "output valid", validity_text(*check, run.result.reason));
+    if (run.constrained)
+      row(f, "constrained drafts",
+          format("%zu steps drafted a forced span, %zu draft nodes pruned",
+                 run.constrained->forced_steps, run.constrained->pruned_nodes));
+  }
   row(f, "steps", format("%zu target forwards after the prefill", s.steps));
   row(f, "drafted",
       format("%zu tokens (%.2f per step, largest tree %zu)", s.drafted, s.mean_tree_size(),

@@ -20,12 +20,21 @@
 // draft's q rows, deterministic candidates (prompt lookup, REST, lookahead, Medusa and Hydra heads,
 // EAGLE; chains or trees) by `tree_verifier`, which treats each candidate as a point mass. Any
 // speculative strategy may opt into typical acceptance instead (--verifier typical: lossy).
+//
+// Constrained output (--regex, --json-schema): every decoder samples under `cli_policy`, the
+// sampler under the constraint (a null constraint: the sampler as it is), so verification stays
+// exact with respect to the constrained distribution whatever the proposer drafts. The proposers
+// that draft from tokens alone (draft model, prompt lookup, REST, suffix) are also wrapped in
+// `constrained_proposer` (forced spans, pruned drafts: `run_speculative`); those that read the
+// target's hidden rows, score auxiliary tokens or draft with the target run under the policy
+// alone. Each strategy's decoder is compiled once, for both.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -43,6 +52,7 @@
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/core/error.hpp"
+#include "specdec/core/traits.hpp"
 #include "specdec/core/types.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/common.hpp"
@@ -55,6 +65,8 @@
 #include "specdec/model/llama_weights.hpp"
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
+#include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/constrained.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
@@ -67,6 +79,8 @@
 #include "specdec/propose/sparse_kv.hpp"
 #include "specdec/propose/sparse_tree.hpp"
 #include "specdec/propose/suffix.hpp"
+#include "specdec/sampling/automaton_constraint.hpp"
+#include "specdec/sampling/constraint.hpp"
 #include "specdec/sampling/policy.hpp"
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
@@ -77,11 +91,34 @@ namespace generate {
 
 namespace sd = specdec;
 
+//! The sampling policy of every decoder: the sampler under the output constraint (--regex,
+//! --json-schema), or the sampler alone when the constraint is null. Proposers that sample their
+//! own drafts take the plain sampler (`cli_policy::policy()`).
+using cli_policy = sd::constrained<sd::sampler, sd::automaton_constraint>;
+
+//! The output constraint of a run (--regex, --json-schema), or none.
+struct output_constraint {
+  std::shared_ptr<sd::automaton_constraint const> automaton;  //!< null: no constraint
+  std::string kind;          //!< "regex" or "json_schema" (empty: none)
+  std::string source;        //!< the pattern, or the schema file's path
+  bool forced_spans = true;  //!< wrapped proposers draft forced spans (not --no-forced-spans)
+  //! Whether a constraint applies.
+  explicit operator bool() const noexcept { return automaton != nullptr; }
+};
+
+//! What `constrained_proposer` did to a run's drafts (a wrapped proposer under a constraint).
+struct constrained_drafts {
+  std::size_t forced_steps = 0;  //!< steps whose draft was a forced span
+  std::size_t pruned_nodes = 0;  //!< draft nodes removed for leaving the constraint
+};
+
 //! What one request produced, and how it was run.
 struct run_output {
   sd::decode_result result;  //!< tokens, finish reason and statistics
   std::string description;   //!< the strategy and its settings, e.g. "draft model, k = 4"
   std::string verifier;      //!< "greedy", "speculative sampling", "tree (point masses)" or "none"
+  //! The constrained proposer's counts, when the proposer was wrapped under a constraint.
+  std::optional<constrained_drafts> constrained = std::nullopt;
 };
 
 //! The draft-length policy --speculate chose, at run time: `adaptive_speculation` (its state
@@ -133,7 +170,7 @@ struct session {
   sd::cpu_llama_options model_options;   //!< options of another model instance (draft, layer skip)
   std::span<sd::token_id const> prompt;  //!< BOS + the encoded prompt
   sd::decode_config config;              //!< stops, length, seed (no node cap)
-  sd::sampler policy;                    //!< the sampling policy of every row
+  cli_policy policy;                     //!< the sampling policy of every row
   bool greedy = true;                    //!< temperature 0
   sd::request_observer observer;         //!< per committed token and per step, or empty
   //! --verifier typical: typical acceptance with these parameters instead of the lossless
@@ -143,6 +180,10 @@ struct session {
   device_kind device = device_kind::cpu;           //!< where the models run (--device)
   sd::weight_dtype dtype = sd::weight_dtype::f32;  //!< their matrices on a CUDA device (--dtype)
   chosen_speculation speculation = chosen_speculation();  //!< each step's draft length
+  //! The output constraint (its automaton is the policy's); none by default.
+  output_constraint constraint = {};
+  //! The vocabulary: what tokenises forced spans (needed under a constraint).
+  sd::tokenizer const* tok = nullptr;
 };
 
 //! A model over `weights` on `device`: a cpu_llama with `options`, or a cuda_llama with the
@@ -161,9 +202,42 @@ inline lm make_lm(session const& s, std::shared_ptr<sd::llama_weights const> wei
   return make_lm(s.device, s.dtype, std::move(weights), options);
 }
 
+//! Whether `constrained_proposer` may wrap a `Proposer`: it drafts from tokens alone (it reads no
+//! hidden rows of the target, scores no auxiliary tokens and does not draft with the target).
+template <class Proposer>
+inline constexpr bool constrainable_v =
+    !sd::needs_target_hidden_v<Proposer> && !sd::has_auxiliary_tokens_v<Proposer> &&
+    !sd::uses_target_v<Proposer>;
+
+//! The encoder of forced spans: `tok`'s encoding without BOS or a dummy prefix space (empty when
+//! there is no tokenizer).
+inline std::function<std::vector<sd::token_id>(std::string_view)> forced_span_encoder(
+    sd::tokenizer const* tok) {
+  if (tok == nullptr) return {};
+  return [tok](std::string_view text) { return tok->encode(text, false, false); };
+}
+
+namespace detail {
+
+//! Decodes one request of `s` with `proposer` (already wrapped or not) and `verifier`.
+template <class Proposer, class Verifier>
+run_output decode_one(session& s, Proposer& proposer, Verifier verifier, std::string description,
+                      std::string verifier_name) {
+  sd::speculative_decoder<lm, Proposer, Verifier, cli_policy, chosen_speculation> decoder(
+      s.target, proposer, std::move(verifier), s.policy, s.config, s.speculation);
+  if (s.speculation.adaptive()) description += "; draft length per step: adaptive";
+  run_output out{{}, std::move(description), std::move(verifier_name)};
+  decoder.generate(s.prompt, out.result, s.observer);
+  return out;
+}
+
+}  // namespace detail
+
 //! Runs one request with `proposer` and `verifier`; the decoder takes the node budget of each
 //! step from the proposer (`max_nodes()`). With --verifier typical, the typical acceptance
-//! verifier replaces `verifier`.
+//! verifier replaces `verifier`. A proposer that `constrainable_v` allows drafts through
+//! `constrained_proposer` under the session's constraint (with none, it passes everything
+//! through), the others as they are: either way the policy keeps the output exact.
 template <class Proposer, class Verifier>
 run_output run_speculative(session& s, Proposer& proposer, Verifier verifier,
                            std::string description, std::string verifier_name) {
@@ -172,12 +246,20 @@ run_output run_speculative(session& s, Proposer& proposer, Verifier verifier,
       return run_speculative(s, proposer, sd::typical_acceptance_verifier(*s.typical),
                              std::move(description), "typical acceptance (lossy)");
   }
-  sd::speculative_decoder<lm, Proposer, Verifier, sd::sampler, chosen_speculation> decoder(
-      s.target, proposer, std::move(verifier), s.policy, s.config, s.speculation);
-  if (s.speculation.adaptive()) description += "; draft length per step: adaptive";
-  run_output out{{}, std::move(description), std::move(verifier_name)};
-  decoder.generate(s.prompt, out.result, s.observer);
-  return out;
+  if constexpr (constrainable_v<Proposer>) {
+    sd::constrained_proposer<Proposer&, sd::automaton_constraint> wrapped(
+        proposer, s.constraint.automaton, forced_span_encoder(s.tok),
+        {.forced_spans = s.constraint.forced_spans});
+    run_output out = detail::decode_one(s, wrapped, std::move(verifier), std::move(description),
+                                        std::move(verifier_name));
+    if (s.constraint)
+      out.constrained = constrained_drafts{.forced_steps = wrapped.forced_steps(),
+                                           .pruned_nodes = wrapped.pruned_nodes()};
+    return out;
+  } else {
+    return detail::decode_one(s, proposer, std::move(verifier), std::move(description),
+                              std::move(verifier_name));
+  }
 }
 
 //! Runs one request with a proposer of deterministic candidates (chains or trees): greedy
