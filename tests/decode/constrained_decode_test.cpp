@@ -31,6 +31,7 @@
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
+#include "specdec/reference/regex.hpp"
 #include "specdec/sampling/automaton.hpp"
 #include "specdec/sampling/automaton_constraint.hpp"
 #include "specdec/sampling/constraint.hpp"
@@ -321,4 +322,26 @@ TEST_CASE("constrained proposer: a reference to the caller's proposer, and no co
   CHECK(got.tokens == want.tokens);
   CHECK(got.stats.steps == want.stats.steps);
   CHECK(got.stats.drafted == want.stats.drafted);
+}
+
+TEST_CASE("constrained output cut by max_new_tokens: a valid beginning, constraint_incomplete") {
+  sd::cpu_llama target(fixture::stories260k(), one_thread());
+  auto const prompt = fixture::encoded_prompts()[0];
+  constraint_ptr const c = sd::regex_constraint(patterns[1], vocabulary());
+  policy const pol(greedy_sampler(), c);
+  sd::autoregressive_decoder ar(target, pol, config_for(6));
+  sd::decode_result const cut = ar.generate(prompt);
+  CHECK(cut.reason == sd::finish_reason::constraint_incomplete);
+  CHECK(sd::to_string(cut.reason) == "constraint_incomplete");
+  CHECK(cut.tokens.size() == 6);
+  CHECK(sd::reference::regex_viable_prefix(patterns[1], text_of(prompt, cut.tokens)));
+  CHECK_FALSE(pol.output_complete(cut.tokens));
+  // The same under speculation, and without a constraint the reason stays max_tokens.
+  sd::prompt_lookup_proposer lookup({.k = 4});
+  sd::speculative_decoder dec(target, lookup, sd::greedy_verifier{}, pol, config_for(6));
+  sd::decode_result const spec = dec.generate(prompt);
+  CHECK(spec.reason == sd::finish_reason::constraint_incomplete);
+  CHECK(spec.tokens == cut.tokens);
+  sd::autoregressive_decoder plain(target, policy(greedy_sampler()), config_for(6));
+  CHECK(plain.generate(prompt).reason == sd::finish_reason::max_tokens);
 }

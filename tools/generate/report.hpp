@@ -67,8 +67,10 @@ inline std::string constraint_text(constraint_check const& c) {
 }
 
 //! Whether the output is valid, in words: "yes (complete, parses as JSON)", "no (incomplete:
-//! max_tokens)".
+//! -n or the context ended it first)".
 inline std::string validity_text(constraint_check const& c, sd::finish_reason reason) {
+  if (!c.valid && reason == sd::finish_reason::constraint_incomplete)
+    return "no (incomplete: -n or the context ended it first)";
   if (!c.valid) return "no (incomplete: " + std::string(sd::to_string(reason)) + ")";
   if (c.kind != "json_schema") return "yes (complete)";
   return c.json ? "yes (complete, parses as JSON)" : "yes (complete) but it does not parse as JSON";

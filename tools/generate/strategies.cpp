@@ -34,8 +34,8 @@ run_output run_draft(session& s) {
   lm draft = make_lm(s, weights, options);
   sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::draft_model_proposer<lm, sd::sampler, M> proposer(draft, s.target, s.policy.policy(),
-                                                          chain);
+    // The draft's rows under the same constrained policy: its drafts (and q rows) are masked.
+    sd::draft_model_proposer<lm, cli_policy, M> proposer(draft, s.target, s.policy, chain);
     return run_speculative(s, proposer, chain_verifier<M>{},
                            "draft model, " + chain_description(chain), chain_verifier_name<M>);
   });
@@ -45,8 +45,8 @@ run_output run_layer_skip(session& s) {
   std::vector<std::int32_t> const layers = skip_layers_of(s.values, s.weights->config.n_layers);
   sd::draft_model_config const chain = layer_skip_chain(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::layer_skip_proposer<sd::sampler, M> proposer({.skip_layers = layers, .draft = chain},
-                                                     s.policy.policy());
+    sd::layer_skip_proposer<cli_policy, M> proposer({.skip_layers = layers, .draft = chain},
+                                                    s.policy);
     return run_speculative(s, proposer, chain_verifier<M>{}, layer_skip_description(layers, chain),
                            chain_verifier_name<M>);
   });
@@ -55,7 +55,7 @@ run_output run_layer_skip(session& s) {
 run_output run_sparse_kv(session& s) {
   sd::sparse_kv_config const config = sparse_kv_config_of(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
-    sd::sparse_kv_proposer<sd::sampler, M> proposer(config, s.policy.policy());
+    sd::sparse_kv_proposer<cli_policy, M> proposer(config, s.policy);
     return run_speculative(s, proposer, chain_verifier<M>{}, sparse_kv_description(config),
                            chain_verifier_name<M>);
   });

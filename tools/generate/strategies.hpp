@@ -92,8 +92,9 @@ namespace generate {
 namespace sd = specdec;
 
 //! The sampling policy of every decoder: the sampler under the output constraint (--regex,
-//! --json-schema), or the sampler alone when the constraint is null. Proposers that sample their
-//! own drafts take the plain sampler (`cli_policy::policy()`).
+//! --json-schema), or the sampler alone when the constraint is null. The draft model, layer-skip
+//! and sparse-KV proposers draft under it too (their drafts and q rows masked); the batched draft
+//! model, one policy for every request, takes the plain sampler (`cli_policy::policy()`).
 using cli_policy = sd::constrained<sd::sampler, sd::automaton_constraint>;
 
 //! The output constraint of a run (--regex, --json-schema), or none.

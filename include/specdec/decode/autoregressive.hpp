@@ -150,6 +150,7 @@ class autoregressive_decoder {
       out.stats.add(step);
     }
     timer.finish(out.stats, request_start);
+    detail::check_output_complete(policy, out);
   }
 
   Model* model_;

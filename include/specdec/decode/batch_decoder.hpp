@@ -605,6 +605,7 @@ class batch_decoder {
     if (r.done) return;
     r.done = true;
     r.out.reason = reason;
+    detail::check_output_complete(r.policy, r.out);
     r.out.stats.total_seconds = detail::seconds_since(r.start);
     release(r);
     record(r);

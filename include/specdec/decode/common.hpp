@@ -16,6 +16,7 @@
 //! - the streaming callback returning false (after the token it was given is emitted).
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,9 @@ enum class finish_reason {
   context_full,   //!< the model's context cannot take another token
   cancelled,      //!< the streaming callback returned false (or the request was cancelled)
   failed,         //!< the request failed alone in a batch (`batch_result::error` says why)
+  //! `max_new_tokens` or the context ended an output whose constraint (a constrained policy,
+  //! sampling/constraint.hpp) was not complete: the output is a valid beginning, not a match
+  constraint_incomplete,
 };
 
 //! A short name for a finish reason, e.g. "eos".
@@ -61,6 +65,8 @@ enum class finish_reason {
       return "cancelled";
     case finish_reason::failed:
       return "failed";
+    case finish_reason::constraint_incomplete:
+      return "constraint_incomplete";
   }
   return "unknown";
 }
@@ -381,4 +387,22 @@ template <class Model>
 }
 
 }  // namespace detail
+namespace detail {
+
+//! At the end of a request: when `policy` constrains the output (`output_complete`, e.g.
+//! `constrained`) and `max_new_tokens` or the context ended it before the constraint was
+//! complete, the reason becomes `finish_reason::constraint_incomplete`. Every driver calls it.
+template <class Policy>
+void check_output_complete(Policy const& policy, decode_result& out) {
+  if constexpr (requires {
+                  { policy.output_complete(std::span<token_id const>()) } -> std::same_as<bool>;
+                }) {
+    if ((out.reason == finish_reason::max_tokens || out.reason == finish_reason::context_full) &&
+        !policy.output_complete(out.tokens))
+      out.reason = finish_reason::constraint_incomplete;
+  }
+}
+
+}  // namespace detail
+
 }  // namespace specdec

@@ -269,6 +269,7 @@ class speculative_decoder {
               0.0, detail::seconds_since(step_start) - forward_seconds - propose_seconds)});
     }
     timer.finish(out.stats, request_start);
+    detail::check_output_complete(request_policy, out);
   }
 
   //! The hidden rows of a forward that the proposer reads ([n, width]; empty when it reads none).

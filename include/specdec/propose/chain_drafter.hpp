@@ -264,12 +264,14 @@ class chain_drafter {
 
   //! Starts a sequence: empties the draft cache (the prompt is fed at the first `propose`).
   void begin(Model& model, std::span<token_id const> prompt) requires(!on_target) {
+    bind_prompt(prompt.size());
     model.cache().truncate(0);
     seq_.begin(std::min<std::size_t>(model.max_context(), prompt.size() + 4096));
     k_ = config_.k;
   }
   //! Starts a sequence on the target's cache (its prompt is there at the first `propose`).
   void begin(std::span<token_id const> prompt) requires on_target {
+    bind_prompt(prompt.size());
     seq_.begin(prompt.size() + 4096);
     k_ = config_.k;
   }
@@ -335,6 +337,13 @@ class chain_drafter {
   [[nodiscard]] draft_variant& variant() noexcept { return variant_; }
 
  private:
+  //! The policy for the request of `prompt_length` prompt tokens (`policy_for_prompt`): a
+  //! constrained policy's draft rows are then masked by the request's own constraint state.
+  void bind_prompt(std::size_t prompt_length) {
+    if constexpr (!std::is_reference_v<decltype(policy_for_prompt(policy_, prompt_length))>)
+      policy_ = policy_for_prompt(policy_, prompt_length);
+  }
+
   // After a step: k grows after a step whose drafts were all accepted, shrinks after a rejection.
   void adapt(verify_result const& result) {
     std::size_t const drafted = seq_.drafted();

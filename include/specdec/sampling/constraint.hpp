@@ -248,6 +248,15 @@ class constrained {
   [[nodiscard]] token_id greedy_token(std::span<float const> logits, token_history history) const {
     return greedy_token(logits, begin(history));
   }
+  //! Whether `output` (the generated tokens, prompt excluded) is complete under the constraint:
+  //! it may end there (true without a constraint; false when it breaks the constraint).
+  [[nodiscard]] bool output_complete(std::span<token_id const> output) const {
+    if (!constraint_) return true;
+    auto s = constraint_->start();
+    for (token_id t : output)
+      if (!constraint_->advance(s, t)) return false;
+    return constraint_->can_end(s);
+  }
   //! `policy.sample(probs, rng)`.
   [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
     return policy_.sample(probs, rng);
