@@ -205,40 +205,6 @@ sd::sampler temperature_one() {
   return sd::sampler(p);
 }
 
-// The exact joint distribution of the first two tokens after `prompt` under `pol`.
-template <class Policy>
-std::map<sampling_check::pair_key, double> exact_joint(Policy const& pol,
-                                                       std::vector<sd::token_id> const& prompt) {
-  sd::cpu_llama model(fixture::stories260k(), one_thread());
-  auto const bound = pol.for_prompt(prompt.size());
-  std::size_t const vocab = model.vocab_size();
-  std::vector<sd::position_t> positions(prompt.size());
-  for (std::size_t i = 0; i < prompt.size(); ++i) positions[i] = static_cast<sd::position_t>(i);
-  sd::forward_result out;
-  model.forward({.tokens = prompt, .positions = positions}, out);
-  std::vector<float> p1(vocab), p2(vocab);
-  bound.distribution(out.logits_view().row(prompt.size() - 1), sd::token_history(prompt), p1);
-  std::map<sampling_check::pair_key, double> joint;
-  std::vector<sd::token_id> history = prompt;
-  for (std::size_t x1 = 0; x1 < vocab; ++x1) {
-    if (p1[x1] <= 0.0f) continue;
-    model.cache().truncate(prompt.size());
-    auto const t1 = static_cast<sd::token_id>(x1);
-    auto const pos = static_cast<sd::position_t>(prompt.size());
-    model.forward({.tokens = std::span<sd::token_id const>(&t1, 1),
-                   .positions = std::span<sd::position_t const>(&pos, 1)},
-                  out);
-    history.resize(prompt.size());
-    history.push_back(t1);
-    bound.distribution(out.logits_view().row(0), sd::token_history(history), p2);
-    for (std::size_t x2 = 0; x2 < vocab; ++x2)
-      if (p2[x2] > 0.0f)
-        joint[{t1, static_cast<sd::token_id>(x2)}] =
-            static_cast<double>(p1[x1]) * static_cast<double>(p2[x2]);
-  }
-  return joint;
-}
-
 }  // namespace
 
 TEST_CASE("constrained sampling: the first two tokens follow the constrained distribution") {
@@ -248,7 +214,7 @@ TEST_CASE("constrained sampling: the first two tokens follow the constrained dis
   std::vector<sd::token_id> const prompt{1, 399};
   constraint_ptr const c = sd::regex_constraint(spread_pattern, vocabulary());
   policy const pol(temperature_one(), c);
-  static auto const joint = exact_joint(pol, prompt);
+  static auto const joint = sampling_check::exact_joint(weights, prompt, pol);
   REQUIRE(joint.size() > 1000);
   sd::cpu_llama target(weights, one_thread());
   auto const two = sampling_check::two_tokens();
@@ -282,7 +248,7 @@ TEST_CASE("constrained sampling: the chi-square test catches the root's mask app
   std::vector<sd::token_id> const prompt{1, 399};
   constraint_ptr const c = sd::regex_constraint(spread_pattern, vocabulary());
   policy const pol(temperature_one(), c);
-  auto const joint = exact_joint(pol, prompt);
+  auto const joint = sampling_check::exact_joint(weights, prompt, pol);
   sd::cpu_llama target(weights, one_thread());
   sd::layer_skip_proposer<policy, sd::draft_mode::sample> p(
       {.skip_layers = {2}, .draft = {.k = 3}}, policy(temperature_one(), c, prompt.size()));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "specdec/backend/cpu/llama.hpp"
+#include "specdec/core/concepts.hpp"
 #include "specdec/core/stats.hpp"
 #include "specdec/decode/common.hpp"
 #include "specdec/sampling/policy.hpp"
@@ -49,19 +50,21 @@ inline sd::decode_config two_tokens(std::size_t max_draft_nodes = 8) {
 
 using pair_key = std::pair<sd::token_id, sd::token_id>;
 
-// The exact joint distribution of the first two tokens after `prompt` under `target_policy()`.
-inline std::map<pair_key, double> exact_joint(
-    std::shared_ptr<sd::llama_weights const> const& weights,
-    std::vector<sd::token_id> const& prompt) {
+// The exact joint distribution of the first two tokens after `prompt` under `policy` (bound to the
+// prompt as the decoders bind it: `policy_for_prompt`).
+template <class Policy>
+std::map<pair_key, double> exact_joint(std::shared_ptr<sd::llama_weights const> const& weights,
+                                       std::vector<sd::token_id> const& prompt,
+                                       Policy const& unbound) {
   sd::cpu_llama model(weights, {.threads = 1});
-  sd::sampler const policy = target_policy();
+  auto&& policy = sd::policy_for_prompt(unbound, prompt.size());
   std::size_t const vocab = model.vocab_size();
   std::vector<sd::position_t> positions(prompt.size());
   for (std::size_t i = 0; i < prompt.size(); ++i) positions[i] = static_cast<sd::position_t>(i);
   sd::forward_result out;
   model.forward({.tokens = prompt, .positions = positions}, out);
   std::vector<float> p1(vocab), p2(vocab);
-  policy.distribution(out.logits_view().row(prompt.size() - 1), prompt, p1);
+  policy.distribution(out.logits_view().row(prompt.size() - 1), sd::token_history(prompt), p1);
   std::map<pair_key, double> joint;
   std::vector<sd::token_id> history = prompt;
   for (std::size_t x1 = 0; x1 < vocab; ++x1) {
@@ -74,13 +77,20 @@ inline std::map<pair_key, double> exact_joint(
                   out);
     history.resize(prompt.size());
     history.push_back(t1);
-    policy.distribution(out.logits_view().row(0), history, p2);
+    policy.distribution(out.logits_view().row(0), sd::token_history(history), p2);
     for (std::size_t x2 = 0; x2 < vocab; ++x2)
       if (p2[x2] > 0.0f)
         joint[{t1, static_cast<sd::token_id>(x2)}] =
             static_cast<double>(p1[x1]) * static_cast<double>(p2[x2]);
   }
   return joint;
+}
+
+// The same under `target_policy()`.
+inline std::map<pair_key, double> exact_joint(
+    std::shared_ptr<sd::llama_weights const> const& weights,
+    std::vector<sd::token_id> const& prompt) {
+  return exact_joint(weights, prompt, target_policy());
 }
 
 // Chi-square quantile at upper tail 1e-4 (Wilson-Hilferty).

@@ -411,6 +411,14 @@ std::vector<schema_case> const cases = {
      {{"x", "\\x"}, {"\"x\"", "'x'"}}},
 };
 
+// The DFA of case `c` in layout `w`.
+inline specdec::byte_dfa compile_case(schema_case const& c, json_whitespace w) {
+  specdec::json_schema_options options;
+  options.whitespace = w;
+  options.max_recursion = c.max_recursion;
+  return specdec::compile_json_schema(c.schema, options);
+}
+
 }  // namespace json_schema_test
 
 TEST_CASE("json schema: every string a random walk of the DFA accepts is an instance") {
@@ -421,10 +429,7 @@ TEST_CASE("json schema: every string a random walk of the DFA accepts is an inst
       std::string const name = c.name, layout = layout_name(w);
       CAPTURE(name);
       CAPTURE(layout);
-      specdec::json_schema_options options;
-      options.whitespace = w;
-      options.max_recursion = c.max_recursion;
-      specdec::byte_dfa const dfa = specdec::compile_json_schema(c.schema, options);
+      specdec::byte_dfa const dfa = compile_case(c, w);
       walker walks(dfa);
       int accepted = 0;
       for (int i = 0; i < 150; ++i) {
@@ -448,10 +453,7 @@ TEST_CASE(
       std::string const name = c.name, layout = layout_name(w);
       CAPTURE(name);
       CAPTURE(layout);
-      specdec::json_schema_options options;
-      options.whitespace = w;
-      options.max_recursion = c.max_recursion;
-      specdec::byte_dfa const dfa = specdec::compile_json_schema(c.schema, options);
+      specdec::byte_dfa const dfa = compile_case(c, w);
       for (char const* v : c.valid) {
         std::string const text = write(ordered::parse(v), w);
         CAPTURE(text);
