@@ -44,7 +44,7 @@
 
 namespace sd = specdec;
 
-namespace {
+namespace constrained_decode_test {
 
 using constraint_ptr = std::shared_ptr<sd::automaton_constraint const>;
 using policy = sd::constrained<sd::sampler, sd::automaton_constraint>;
@@ -93,9 +93,10 @@ std::vector<std::string> const patterns = {
     " [a-z]+(, [a-z]+){1,3}!",
 };
 
-}  // namespace
+}  // namespace constrained_decode_test
 
 TEST_CASE("constrained greedy: speculative output equals constrained autoregressive output") {
+  using namespace constrained_decode_test;
   auto const weights = fixture::stories260k();
   sd::cpu_llama target(weights, one_thread());
   sd::cpu_llama draft_model(fixture::trained_draft(), one_thread());
@@ -149,6 +150,7 @@ TEST_CASE("constrained greedy: speculative output equals constrained autoregress
 }
 
 TEST_CASE("constrained greedy, batched: each request its own constraint, as decoded alone") {
+  using namespace constrained_decode_test;
   auto const weights = fixture::stories260k();
   auto const prompts = fixture::encoded_prompts();
   sd::cpu_batched_llama target(weights, {.model = {.threads = 1}, .max_slots = 4});
@@ -179,7 +181,7 @@ TEST_CASE("constrained greedy, batched: each request its own constraint, as deco
   }
 }
 
-namespace {
+namespace constrained_decode_test {
 
 // A policy that scores every node with the state of the tree's root (its `advance` does nothing):
 // the wrong mask for every node below the root, which the chi-square test must catch.
@@ -199,21 +201,22 @@ static_assert(sd::incremental_policy<root_state_policy>);
 // Words, then a full stop: the constrained distribution of the first two tokens is spread.
 constexpr char const* spread_pattern = "( [a-z]+){2,4}[.!]";
 
-sd::sampler temperature_one() {
+sd::sampler unit_temperature() {
   sd::sampling_params p;
   p.temperature = 1.0f;
   return sd::sampler(p);
 }
 
-}  // namespace
+}  // namespace constrained_decode_test
 
 TEST_CASE("constrained sampling: the first two tokens follow the constrained distribution") {
+  using namespace constrained_decode_test;
   auto const weights = fixture::stories260k();
   // BOS " very": the next two tokens are uncertain. The masks differ between the positions: the
   // first token must start a word (" x"), the second may also go on with it or end it.
   std::vector<sd::token_id> const prompt{1, 399};
   constraint_ptr const c = sd::regex_constraint(spread_pattern, vocabulary());
-  policy const pol(temperature_one(), c);
+  policy const pol(unit_temperature(), c);
   static auto const joint = sampling_check::exact_joint(weights, prompt, pol);
   REQUIRE(joint.size() > 1000);
   sd::cpu_llama target(weights, one_thread());
@@ -234,7 +237,7 @@ TEST_CASE("constrained sampling: the first two tokens follow the constrained dis
   }
   SUBCASE("layer skip, q rows masked by the same constraint, speculative sampling") {
     sd::layer_skip_proposer<policy, sd::draft_mode::sample> p(
-        {.skip_layers = {2}, .draft = {.k = 3}}, policy(temperature_one(), c, prompt.size()));
+        {.skip_layers = {2}, .draft = {.k = 3}}, policy(unit_temperature(), c, prompt.size()));
     sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, pol, two);
     sd::request_stats s;
     sampling_check::check_counts(sampling_check::sample_pairs(dec, prompt, &s), joint,
@@ -244,15 +247,16 @@ TEST_CASE("constrained sampling: the first two tokens follow the constrained dis
 }
 
 TEST_CASE("constrained sampling: the chi-square test catches the root's mask applied to children") {
+  using namespace constrained_decode_test;
   auto const weights = fixture::stories260k();
   std::vector<sd::token_id> const prompt{1, 399};
   constraint_ptr const c = sd::regex_constraint(spread_pattern, vocabulary());
-  policy const pol(temperature_one(), c);
+  policy const pol(unit_temperature(), c);
   auto const joint = sampling_check::exact_joint(weights, prompt, pol);
   sd::cpu_llama target(weights, one_thread());
   sd::layer_skip_proposer<policy, sd::draft_mode::sample> p(
-      {.skip_layers = {2}, .draft = {.k = 3}}, policy(temperature_one(), c, prompt.size()));
-  root_state_policy const wrong(temperature_one(), c);
+      {.skip_layers = {2}, .draft = {.k = 3}}, policy(unit_temperature(), c, prompt.size()));
+  root_state_policy const wrong(unit_temperature(), c);
   sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, wrong,
                               sampling_check::two_tokens());
   auto const counts = sampling_check::sample_pairs(dec, prompt);
@@ -270,6 +274,7 @@ TEST_CASE("constrained sampling: the chi-square test catches the root's mask app
 }
 
 TEST_CASE("constrained proposer: a reference to the caller's proposer, and no constraint") {
+  using namespace constrained_decode_test;
   sd::prompt_lookup_proposer lookup({.k = 4});
   sd::constrained_proposer<sd::prompt_lookup_proposer&, sd::automaton_constraint> by_ref(
       lookup, nullptr, encode);
@@ -291,6 +296,7 @@ TEST_CASE("constrained proposer: a reference to the caller's proposer, and no co
 }
 
 TEST_CASE("constrained output cut by max_new_tokens: a valid beginning, constraint_incomplete") {
+  using namespace constrained_decode_test;
   sd::cpu_llama target(fixture::stories260k(), one_thread());
   auto const prompt = fixture::encoded_prompts()[0];
   constraint_ptr const c = sd::regex_constraint(patterns[1], vocabulary());

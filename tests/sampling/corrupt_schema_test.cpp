@@ -27,7 +27,7 @@
 
 namespace sd = specdec;
 
-namespace {
+namespace corrupt_schema_test {
 
 std::shared_ptr<sd::token_vocabulary const> const& vocabulary() {
   static auto const v =
@@ -50,9 +50,10 @@ void use(sd::automaton_constraint const& c) {
   }
 }
 
-}  // namespace
+}  // namespace corrupt_schema_test
 
 TEST_CASE("corrupted JSON Schema files are refused or compiled and used" * doctest::skip()) {
+  using namespace corrupt_schema_test;
   test_support::temp_dir dir;
   std::string const good = R"json({
   "type": "object",
@@ -154,6 +155,7 @@ TEST_CASE("corrupted JSON Schema files are refused or compiled and used" * docte
 }
 
 TEST_CASE("mangled regular expressions are refused or compiled and used" * doctest::skip()) {
+  using namespace corrupt_schema_test;
   std::vector<std::string> const seeds = {
       "\\{\"name\": \"[A-Z][a-z]{1,10}\", \"age\": [1-9][0-9]?\\}", "(a|b(c|d)*){2,5}[^x-z]+\\d?",
       "[\\w.-]+@[\\w-]+\\.(com|org|net)", "(?:é|ü){1,3}\\u00e9.\\x41"};

@@ -24,7 +24,7 @@
 #include "specdec/sampling/regex.hpp"
 #include "support/fixture.hpp"
 
-namespace {
+namespace regex_test {
 
 using specdec::token_id;
 
@@ -75,9 +75,10 @@ std::string dfa_walk(specdec::byte_dfa const& dfa, std::mt19937& rng, std::size_
   return s;
 }
 
-}  // namespace
+}  // namespace regex_test
 
 TEST_CASE("regex DFA: whole-string matches agree with std::regex and the backtracking reference") {
+  using namespace regex_test;
   std::mt19937 rng(7);
   std::string const alphabet = "abcdxyz019-+.@\" \\,ABZ_\n";
   for (std::string const& pattern : ascii_patterns) {
@@ -100,6 +101,7 @@ TEST_CASE("regex DFA: whole-string matches agree with std::regex and the backtra
 }
 
 TEST_CASE("regex DFA: UTF-8 classes, dot and escapes") {
+  using namespace regex_test;
   auto const dfa = specdec::compile_regex("[é-ü]\\u00e9.[^a]\\x41");
   CHECK(dfa.matches("ééxbA"));
   CHECK(
@@ -121,6 +123,7 @@ TEST_CASE("regex DFA: UTF-8 classes, dot and escapes") {
 }
 
 TEST_CASE("regex: bad patterns are refused with the offset of the error") {
+  using namespace regex_test;
   struct bad {
     char const* pattern;
     char const* says;
@@ -147,6 +150,7 @@ TEST_CASE("regex: bad patterns are refused with the offset of the error") {
 }
 
 TEST_CASE("token tables: each state's allowed tokens are those whose bytes keep a match possible") {
+  using namespace regex_test;
   auto const vocab = std::make_shared<specdec::token_vocabulary const>(
       specdec::token_vocabulary::of(fixture::tok512()));
   std::mt19937 rng(11);
@@ -192,6 +196,7 @@ TEST_CASE("token tables: each state's allowed tokens are those whose bytes keep 
 
 TEST_CASE(
     "token tables: a vocabulary that cannot spell every byte allows only completable tokens") {
+  using namespace regex_test;
   // Tokens: "a", "bc", "b" is missing: "ab" can never be finished by "abd" alone.
   std::vector<std::string> bytes = {"", "a", "bc", "d", "abd"};
   auto const vocab =
@@ -211,6 +216,7 @@ TEST_CASE(
 }
 
 TEST_CASE("token tables: an end token is never text, whatever its bytes") {
+  using namespace regex_test;
   std::vector<std::string> bytes = {"a", "b"};  // token 1 ("b") ends the output
   auto const vocab =
       std::make_shared<specdec::token_vocabulary const>(bytes, std::vector<token_id>{1});
@@ -228,6 +234,7 @@ TEST_CASE("token tables: an end token is never text, whatever its bytes") {
 }
 
 TEST_CASE("token tables: built concurrently by several threads, the same tables (concurrent)") {
+  using namespace regex_test;
   auto const vocab = std::make_shared<specdec::token_vocabulary const>(
       specdec::token_vocabulary::of(fixture::tok512()));
   std::string const pattern =

@@ -28,7 +28,7 @@
 
 using namespace generate_test;
 
-namespace {
+namespace constraint_tool_test {
 
 // A JSON object the fixture fills in a few dozen tokens; ECMAScript reads it the same way.
 constexpr char const* person_pattern = R"(\{"name": "[A-Z][a-z]{1,10}", "age": [1-9][0-9]?\})";
@@ -86,9 +86,10 @@ std::string constraint_prompts_file(std::size_t n) {
   return path.string();
 }
 
-}  // namespace
+}  // namespace constraint_tool_test
 
 TEST_CASE("generate --regex: every strategy gives the constrained autoregressive output") {
+  using namespace constraint_tool_test;
   for (auto const& strategy : constrained_strategies()) {
     CAPTURE(strategy[1]);
     std::vector<std::string> args = once({"-n", "64", "--regex", person_pattern, "--compare"});
@@ -126,6 +127,7 @@ TEST_CASE("generate --regex: every strategy gives the constrained autoregressive
 }
 
 TEST_CASE("generate --json-schema: the output parses as JSON with the schema's keys") {
+  using namespace constraint_tool_test;
   for (char const* layout : {"spaced", "compact"}) {
     CAPTURE(layout);
     json const j = gen_json(once(
@@ -155,6 +157,7 @@ TEST_CASE("generate --json-schema: the output parses as JSON with the schema's k
 }
 
 TEST_CASE("generate --regex: sampled outputs are valid") {
+  using namespace constraint_tool_test;
   for (char const* seed : {"1", "2", "3"}) {
     CAPTURE(seed);
     json const j = gen_json(once({"-n", "64", "--regex", person_pattern, "--strategy",
@@ -171,6 +174,7 @@ TEST_CASE("generate --regex: sampled outputs are valid") {
 }
 
 TEST_CASE("generate --prompts --regex: every request's output is valid") {
+  using namespace constraint_tool_test;
   std::string const file = constraint_prompts_file(3);
   for (char const* strategy : {"prompt-lookup", "eagle"}) {
     CAPTURE(strategy);
@@ -202,6 +206,7 @@ TEST_CASE("generate --prompts --regex: every request's output is valid") {
 }
 
 TEST_CASE("generate --regex, --json-schema: errors") {
+  using namespace constraint_tool_test;
   // A pattern that does not compile: the compiler's message, with where.
   check_error(once({"--regex", "a(b"}), 1, "offset");
   check_error(once({"--regex", "x", "--json-schema", person_schema()}), 2,
