@@ -22,12 +22,14 @@
 #include "decode/one_thread.hpp"
 #include "decode/sampling_check.hpp"
 #include "specdec/backend/cpu/batched_llama.hpp"
+#include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/batch_decoder.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
 #include "specdec/propose/constrained.hpp"
 #include "specdec/propose/draft_model.hpp"
+#include "specdec/propose/eagle.hpp"
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
@@ -40,6 +42,7 @@
 #include "specdec/verify/greedy.hpp"
 #include "specdec/verify/speculative_sampling.hpp"
 #include "specdec/verify/tree_sampling.hpp"
+#include "support/eagle.hpp"
 #include "support/fixture.hpp"
 
 namespace sd = specdec;
@@ -234,6 +237,17 @@ TEST_CASE("constrained sampling: the first two tokens follow the constrained dis
     sd::request_stats s;
     sampling_check::check_counts(sampling_check::sample_pairs(dec, prompt, &s), joint,
                                  sampling_check::trials, "prompt lookup, tree verifier");
+  }
+  SUBCASE("EAGLE-3 trees under the policy alone (nothing pruned), tree verifier") {
+    sd::cpu_eagle_head runner(test_support::fixture_eagle3());
+    sd::eagle_proposer<sd::cpu_eagle_head> p(
+        runner, sd::eagle_tree_config{.depth = 4, .top_k = 4, .nodes = 16});
+    sd::speculative_decoder dec(target, p, sd::tree_verifier{}, pol,
+                                sampling_check::two_tokens(16));
+    sd::request_stats s;
+    sampling_check::check_counts(sampling_check::sample_pairs(dec, prompt, &s), joint,
+                                 sampling_check::trials, "eagle-3 trees, tree verifier");
+    CHECK(s.accepted > 0);
   }
   SUBCASE("layer skip, q rows masked by the same constraint, speculative sampling") {
     sd::layer_skip_proposer<policy, sd::draft_mode::sample> p(
