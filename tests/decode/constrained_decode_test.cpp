@@ -331,3 +331,26 @@ TEST_CASE("constrained output cut by max_new_tokens: a valid beginning, constrai
   sd::autoregressive_decoder plain(target, policy(greedy_sampler()), config_for(6));
   CHECK(plain.generate(prompt).reason == sd::finish_reason::max_tokens);
 }
+
+TEST_CASE("constrained proposer: a pruned step's node map does not outlive it") {
+  using namespace constrained_decode_test;
+  // Alternating pruned and unpruned steps: accept() must map only the step it follows. The
+  // trained draft (greedy, unconstrained) is pruned at some steps and not at others; its cache
+  // follows the accepted nodes, so a stale map would desynchronise it and change the output.
+  sd::cpu_llama target(fixture::stories260k(), one_thread());
+  sd::cpu_llama draft_model(fixture::trained_draft(), one_thread());
+  auto const prompt = fixture::encoded_prompts()[1];
+  constraint_ptr const c = sd::regex_constraint(patterns[2], vocabulary());
+  policy const pol(greedy_sampler(), c);
+  sd::autoregressive_decoder ar(target, pol, config_for(64));
+  sd::decode_result const want = ar.generate(prompt);
+  sd::constrained_proposer<sd::draft_model_proposer<sd::cpu_llama, sd::sampler>,
+                           sd::automaton_constraint>
+      drafts(sd::draft_model_proposer<sd::cpu_llama, sd::sampler>(draft_model, target,
+                                                                  greedy_sampler(), {.k = 6}),
+             c, encode, {.forced_spans = false});
+  sd::speculative_decoder dd(target, drafts, sd::greedy_verifier{}, pol, config_for(64));
+  sd::decode_result const got = dd.generate(prompt);
+  CHECK(got.tokens == want.tokens);
+  CHECK(drafts.pruned_nodes() > 0);
+}

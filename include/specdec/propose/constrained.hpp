@@ -100,6 +100,7 @@ class constrained_proposer {
   //! Drafts into `tree` (see the file comment).
   void propose(propose_context const& ctx, draft_tree& tree) {
     last_forced_ = false;
+    map_.clear();  // the wrapped proposer's tree is the one verified unless pruning says otherwise
     if (!constraint_) {
       inner_.propose(ctx, tree);
       return;
@@ -135,7 +136,7 @@ class constrained_proposer {
   }
 
   //! The wrapped proposer's node budget.
-  [[nodiscard]] std::size_t max_nodes() const requires requires(Proposer const& p) {
+  [[nodiscard]] std::size_t max_nodes() const requires requires(inner_type const& p) {
     p.max_nodes();
   }
   { return inner_.max_nodes(); }
