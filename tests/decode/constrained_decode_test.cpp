@@ -332,25 +332,57 @@ TEST_CASE("constrained output cut by max_new_tokens: a valid beginning, constrai
   CHECK(plain.generate(prompt).reason == sd::finish_reason::max_tokens);
 }
 
-TEST_CASE("constrained proposer: a pruned step's node map does not outlive it") {
+namespace constrained_decode_test {
+
+// Drafts, at each step, the next tokens of a known output as a chain with a token the constraint
+// never allows (the unknown token: no bytes) beside each of them, and checks in `accept` that
+// every accepted node index names, in its own tree, the token accepted there.
+struct recording_proposer {
+  static constexpr bool produces_trees = true;
+  std::vector<sd::token_id> want;
+  std::size_t prompt_size = 0;
+  sd::draft_tree mine;
+  std::size_t checked = 0, wrong = 0;
+
+  void begin(std::span<sd::token_id const> prompt) { prompt_size = prompt.size(); }
+  void propose(sd::propose_context const& ctx, sd::draft_tree& tree) {
+    tree.reset(ctx.tokens.back());
+    std::size_t const done = ctx.tokens.size() - prompt_size;
+    sd::node_index at = 0;
+    for (std::size_t d = 0; d < 3 && done + d < want.size() && tree.size() + 2 <= ctx.max_nodes + 1;
+         ++d) {
+      (void)tree.add_node(at, fixture::tok512().unk());  // never allowed: pruned
+      at = tree.add_node(at, want[done + d]);
+    }
+    mine = tree;
+  }
+  void accept(sd::verify_result const& r) {
+    for (std::size_t i = 0; i < r.accepted_nodes.size(); ++i) {
+      ++checked;
+      if (mine.token(r.accepted_nodes[i]) != r.tokens[i]) ++wrong;
+    }
+  }
+  [[nodiscard]] std::size_t max_nodes() const noexcept { return 8; }
+};
+
+}  // namespace constrained_decode_test
+
+TEST_CASE("constrained proposer: accept() gets the wrapped proposer's own node indices") {
   using namespace constrained_decode_test;
-  // Alternating pruned and unpruned steps: accept() must map only the step it follows. The
-  // trained draft (greedy, unconstrained) is pruned at some steps and not at others; its cache
-  // follows the accepted nodes, so a stale map would desynchronise it and change the output.
   sd::cpu_llama target(fixture::stories260k(), one_thread());
-  sd::cpu_llama draft_model(fixture::trained_draft(), one_thread());
   auto const prompt = fixture::encoded_prompts()[1];
-  constraint_ptr const c = sd::regex_constraint(patterns[2], vocabulary());
+  constraint_ptr const c = sd::regex_constraint(patterns[0], vocabulary());
   policy const pol(greedy_sampler(), c);
   sd::autoregressive_decoder ar(target, pol, config_for(64));
   sd::decode_result const want = ar.generate(prompt);
-  sd::constrained_proposer<sd::draft_model_proposer<sd::cpu_llama, sd::sampler>,
-                           sd::automaton_constraint>
-      drafts(sd::draft_model_proposer<sd::cpu_llama, sd::sampler>(draft_model, target,
-                                                                  greedy_sampler(), {.k = 6}),
-             c, encode, {.forced_spans = false});
-  sd::speculative_decoder dd(target, drafts, sd::greedy_verifier{}, pol, config_for(64));
-  sd::decode_result const got = dd.generate(prompt);
+  recording_proposer inner;
+  inner.want = want.tokens;
+  sd::constrained_proposer<recording_proposer&, sd::automaton_constraint> wrapped(
+      inner, c, encode, {.forced_spans = false});
+  sd::speculative_decoder dec(target, wrapped, sd::greedy_verifier{}, pol, config_for(64));
+  sd::decode_result const got = dec.generate(prompt);
   CHECK(got.tokens == want.tokens);
-  CHECK(drafts.pruned_nodes() > 0);
+  CHECK(wrapped.pruned_nodes() > 0);
+  CHECK(inner.checked > 10);
+  CHECK(inner.wrong == 0);
 }
