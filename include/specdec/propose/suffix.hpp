@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -309,10 +310,22 @@ class suffix_cache {
     return entries_.size() > config_.max_requests || tree_.memory_bytes() > config_.max_bytes;
   }
 
-  //! Drops the oldest finished outputs down to 7/8 of the bounds (see the file comment).
+  //! Brings the cache back within its bounds. A thread that finds another one evicting leaves
+  //! a request the evicting thread honours before it lets go, so no over-limit state is left
+  //! behind by a race (the bounds hold once every thread has returned).
   void evict() {
-    std::unique_lock maintaining(maintain_, std::try_to_lock);
-    if (!maintaining.owns_lock()) return;  // another thread is evicting
+    evict_requested_.store(true);
+    while (evict_requested_.load()) {
+      std::unique_lock maintaining(maintain_, std::try_to_lock);
+      if (!maintaining.owns_lock()) return;  // the evicting thread sees the request
+      while (evict_requested_.exchange(false)) evict_once();
+      // A request made after the exchange, by a thread that failed try_lock before the unlock,
+      // is seen by the loop condition once `maintaining` is released.
+    }
+  }
+
+  //! Drops the oldest finished outputs down to 7/8 of the bounds (see the file comment).
+  void evict_once() {
     struct kept {
       request_id id;
       std::vector<token_id> tokens;
@@ -383,6 +396,7 @@ class suffix_cache {
   suffix_cache_config config_;
   mutable std::shared_mutex mutex_;
   std::mutex maintain_;  //!< one eviction at a time
+  std::atomic<bool> evict_requested_{false};  //!< an eviction is wanted (see `evict`)
   suffix_tree tree_;
   std::deque<entry> entries_;  //!< oldest first (increasing ids)
   request_id next_id_ = 1;
