@@ -309,6 +309,13 @@ class chain_drafter {
   }
   //! Adapts k (on the target's cache, the step's commit keeps what was accepted).
   void accept(verify_result const& result) requires on_target { adapt(result); }
+  //! Instead of `accept`, for a caller that knows which of the draft's tokens still stand: the
+  //! draft cache keeps its first `n` tokens (k is not adapted).
+  void keep(Model& model, std::size_t n) requires(!on_target) {
+    if (n >= seq_.cached().size()) return;
+    model.cache().truncate(n);
+    seq_.drop_to(n);
+  }
 
   //! The draft length the next step will use (before the context and max_nodes limits).
   [[nodiscard]] std::size_t current_k() const noexcept { return k_; }
@@ -318,6 +325,8 @@ class chain_drafter {
   }
   //! Number of positions in the draft cache.
   [[nodiscard]] std::size_t cached() const noexcept { return seq_.cached().size(); }
+  //! The tokens in the draft cache, in order.
+  [[nodiscard]] std::span<token_id const> cached_tokens() const noexcept { return seq_.cached(); }
   //! [1, vocab] the draft logits of the last forward (the row after the last fed token).
   [[nodiscard]] std::span<float const> last_logits() const {
     return fwd_.logits_count == 0 ? std::span<float const>()

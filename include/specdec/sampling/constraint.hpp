@@ -132,6 +132,34 @@ inline token_id masked_argmax(std::span<float const> logits, std::span<std::uint
   return best;
 }
 
+//! `policy`'s distribution of `logits` with every token outside `mask` set to -inf first (the
+//! masked row is written to `probs`, then the policy reads it there). `History` is what the
+//! policy's distribution reads (a `token_history`, or a policy's state).
+template <class Policy, class History>
+void masked_distribution(Policy const& policy, std::span<float const> logits,
+                         std::span<std::uint64_t const> mask, History const& history,
+                         std::span<float> probs) {
+  apply_token_mask(logits, mask, probs);
+  policy.distribution(std::span<float const>(probs.data(), probs.size()), history, probs);
+}
+
+//! `policy`'s greedy token of `logits` among the tokens in `mask` (`no_token` when none is, for
+//! the plain `greedy` policy): the argmax over the mask for `greedy`, else the policy applied to
+//! the masked row.
+template <class Policy, class History>
+[[nodiscard]] token_id masked_greedy_token(Policy const& policy, std::span<float const> logits,
+                                           std::span<std::uint64_t const> mask,
+                                           History const& history) {
+  if constexpr (std::same_as<Policy, greedy>) {
+    return masked_argmax(logits, mask);
+  } else {
+    std::vector<float>& tmp = thread_scratch<float, 4>(logits.size());
+    std::span<float> const row(tmp.data(), logits.size());
+    apply_token_mask(logits, mask, row);
+    return policy.greedy_token(std::span<float const>(row), history);
+  }
+}
+
 //! Whether a policy's distribution reads the history (penalties): otherwise a constrained policy
 //! need not materialise the path to each node.
 template <class Policy>
@@ -221,9 +249,7 @@ class constrained {
       policy_.distribution(logits, history(s), probs);
       return;
     }
-    std::span<std::uint64_t const> const mask = allowed(s, logits.size());
-    detail::apply_token_mask(logits, mask, probs);
-    policy_.distribution(std::span<float const>(probs.data(), probs.size()), history(s), probs);
+    detail::masked_distribution(policy_, logits, allowed(s, logits.size()), history(s), probs);
   }
   //! The constrained distribution after `history`.
   void distribution(std::span<float const> logits, token_history history,
@@ -235,14 +261,10 @@ class constrained {
     SPECDEC_CHECK(!logits.empty(), invalid_argument, "constrained::greedy_token: empty row");
     if (!constraint_) return policy_.greedy_token(logits, history(s));
     std::span<std::uint64_t const> const mask = allowed(s, logits.size());
-    if constexpr (std::same_as<Policy, greedy>) {
-      return detail::masked_argmax(logits, mask);
-    } else {
-      std::vector<float>& tmp = detail::thread_scratch<float, 4>(logits.size());
-      std::span<float> const row(tmp.data(), logits.size());
-      detail::apply_token_mask(logits, mask, row);
-      return policy_.greedy_token(std::span<float const>(row), history(s));
-    }
+    if constexpr (std::same_as<Policy, greedy>)
+      return detail::masked_argmax(logits, mask);  // reads no history: none is materialised
+    else
+      return detail::masked_greedy_token(policy_, logits, mask, history(s));
   }
   //! The constrained greedy token after `history`.
   [[nodiscard]] token_id greedy_token(std::span<float const> logits, token_history history) const {
