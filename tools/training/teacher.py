@@ -47,20 +47,23 @@ def sample_stories(model, count, batch, max_len, gen, logp_dtype):
     """Samples `count` stories at temperature 1 from BOS. Returns (stories, log_probs): each story
     a LongTensor that starts with BOS and ends with the first EOS or BOS sampled, or is cut at
     max_len tokens; log_probs[i] [len - 1, vocab] holds the teacher's next-token log-probabilities
-    at each position but the last, as computed while sampling (in logp_dtype)."""
+    at each position but the last, as computed while sampling (in logp_dtype; with logp_dtype None
+    they are not kept and log_probs is None -- the stories are the same either way)."""
     stories, log_probs = [], []
     for first in range(0, count, batch):
         b = min(batch, count - first)
         rows = torch.arange(b)  # story index of each live cache row
         cache = model.new_cache(b, max_len)
         tokens = torch.full((b, max_len), BOS, dtype=torch.long)
-        logps = torch.empty((b, max_len - 1, model.cfg.vocab_size), dtype=logp_dtype)
+        logps = (None if logp_dtype is None else
+                 torch.empty((b, max_len - 1, model.cfg.vocab_size), dtype=logp_dtype))
         lengths = torch.full((b,), max_len, dtype=torch.long)
         current = torch.full((b,), BOS, dtype=torch.long)
         done = torch.zeros((b,), dtype=torch.bool)  # per live row: has it ended?
         for pos in range(max_len - 1):
             logp = torch.log_softmax(model(current[:, None], pos, cache)[:, 0], -1)
-            logps[rows, pos] = logp.to(logp_dtype)
+            if logps is not None:
+                logps[rows, pos] = logp.to(logp_dtype)
             nxt = torch.multinomial(logp.exp(), 1, generator=gen)[:, 0]
             tokens[rows, pos + 1] = nxt  # rows that already ended write past their length
             ended = ~done & ((nxt == EOS) | (nxt == BOS))
@@ -76,8 +79,9 @@ def sample_stories(model, count, batch, max_len, gen, logp_dtype):
         for i in range(b):
             n = int(lengths[i])
             stories.append(tokens[i, :n].clone())
-            log_probs.append(logps[i, : n - 1].clone())
-    return stories, log_probs
+            if logps is not None:
+                log_probs.append(logps[i, : n - 1].clone())
+    return stories, (None if logp_dtype is None else log_probs)
 
 
 def pad_batch(stories, idx):
