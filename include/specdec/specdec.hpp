@@ -56,6 +56,7 @@
 // propose/: one header per drafting strategy.
 #include "specdec/propose/chain_drafter.hpp"
 #include "specdec/propose/constrained.hpp"
+#include "specdec/propose/cross_vocabulary.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"

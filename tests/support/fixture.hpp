@@ -53,6 +53,28 @@ inline std::shared_ptr<specdec::llama_weights const> const& trained_draft() {
   return weights;
 }
 
+// The draft of another vocabulary and its tokenizer (tools/draft/cross/stories_draft_tok1024.bin,
+// tok1024.bin), and the same-vocabulary draft trained with the same recipe
+// (stories_draft_same_vocab.bin), loaded once per process.
+inline std::shared_ptr<specdec::llama_weights const> const& cross_draft() {
+  static std::shared_ptr<specdec::llama_weights const> const weights =
+      std::make_shared<specdec::llama_weights const>(specdec::load_model(
+          test_support::source_file("tools/draft/cross/stories_draft_tok1024.bin")));
+  return weights;
+}
+inline specdec::tokenizer const& tok1024() {
+  static specdec::tokenizer const tok = specdec::load_tokenizer(
+      test_support::source_file("tools/draft/cross/stories_draft_tok1024.bin"),
+      test_support::source_file("tools/draft/cross/tok1024.bin"));
+  return tok;
+}
+inline std::shared_ptr<specdec::llama_weights const> const& same_vocab_draft() {
+  static std::shared_ptr<specdec::llama_weights const> const weights =
+      std::make_shared<specdec::llama_weights const>(specdec::load_model(
+          test_support::source_file("tools/draft/cross/stories_draft_same_vocab.bin")));
+  return weights;
+}
+
 // A tiny random-weight draft with the fixture's vocabulary (acceptance near zero, which exercises
 // rejection and rollback on every step).
 inline std::shared_ptr<specdec::llama_weights const> random_draft() {

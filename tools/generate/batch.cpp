@@ -30,6 +30,7 @@
 #include "specdec/model/load.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/constrained.hpp"
+#include "specdec/propose/cross_vocabulary.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
@@ -468,6 +469,34 @@ int run_batch(batch_session const& s) {
     }
     if (v.given(opt::draft_context))
       options.max_context = static_cast<std::size_t>(v.count(opt::draft_context));
+    auto const draft_vocab = static_cast<std::size_t>(draft_weights->config.vocab_size);
+    if (auto const bridge = draft_bridge(v, s.tok, draft_vocab)) {
+      // A draft of another vocabulary: each request's proposer owns an instance of the draft
+      // model over the shared weights (its cache), and reads its rows with the plain sampler.
+      sd::cross_vocabulary_config const c = cross_config(v);
+      std::string const description = cross_description(*bridge, c) + ", per request";
+      auto const per_request = [&]<sd::draft_mode M>(auto serve_with) {
+        using cross = sd::cross_vocabulary_proposer<sd::cpu_llama, sd::sampler, M>;
+        using proposer_type = sd::owning_proposer<sd::cpu_llama, cross>;
+        sd::per_request_proposer<proposer_type> proposer([&] {
+          return proposer_type(
+              std::make_unique<sd::cpu_llama>(draft_weights, options),
+              [&](sd::cpu_llama& m) { return cross(m, bridge, sd::sampler(s.params), c); });
+        });
+        return serve_with(proposer);
+      };
+      if (c.mode == sd::vocab_mode::string)
+        return per_request.template operator()<sd::draft_mode::greedy>(
+            [&](auto& p) { return with_verifier(p, description); });
+      if (greedy)
+        return per_request.template operator()<sd::draft_mode::greedy>([&](auto& p) {
+          return with_speculation(p, sd::greedy_verifier{}, description, "greedy");
+        });
+      return per_request.template operator()<sd::draft_mode::sample>([&](auto& p) {
+        return with_speculation(p, sd::speculative_sampling_verifier{}, description,
+                                "speculative sampling");
+      });
+    }
     std::size_t const batch =
         std::min<std::size_t>(static_cast<std::size_t>(v.count(opt::batch)), prompts.size());
     sd::cpu_batched_llama draft(draft_weights, {.model = options, .max_slots = batch});

@@ -32,6 +32,21 @@ run_output run_draft(session& s) {
   if (s.values.given(opt::draft_context))
     options.max_context = static_cast<std::size_t>(s.values.count(opt::draft_context));
   lm draft = make_lm(s, weights, options);
+  if (auto const bridge = draft_bridge(s.values, *s.tok, draft.vocab_size())) {
+    // The draft's rows are in its own vocabulary: the plain sampler (the target's rows keep the
+    // constraint).
+    sd::cross_vocabulary_config const c = cross_config(s.values);
+    std::string const description = cross_description(*bridge, c);
+    if (c.mode == sd::vocab_mode::string) {
+      sd::cross_vocabulary_proposer<lm, sd::sampler> proposer(draft, bridge, s.policy.policy(), c);
+      return run_candidates(s, proposer, description);
+    }
+    return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
+      sd::cross_vocabulary_proposer<lm, sd::sampler, M> proposer(draft, bridge, s.policy.policy(),
+                                                                 c);
+      return run_speculative(s, proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
+    });
+  }
   sd::draft_model_config const chain = chain_config(s.values);
   return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
     // The draft's rows under the same constrained policy: its drafts (and q rows) are masked.

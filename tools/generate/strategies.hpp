@@ -67,6 +67,7 @@
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/tokenizer.hpp"
 #include "specdec/propose/constrained.hpp"
+#include "specdec/propose/cross_vocabulary.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
@@ -311,8 +312,29 @@ inline constexpr option_spec draft_model{
     .flag = "--draft",
     .value_name = "PATH",
     .kind = value_kind::file,
-    .help = "the draft model (llama2.c or GGUF, the target's vocabulary)",
+    .help =
+        "the draft model (llama2.c or GGUF; of another vocabulary with --draft-tokenizer, or a "
+        "GGUF's own, or the target's padded to another size)",
     .required = true};
+//! draft: the draft model's own vocabulary (a draft of another vocabulary).
+inline constexpr option_spec draft_tokenizer{
+    .flag = "--draft-tokenizer",
+    .value_name = "PATH",
+    .kind = value_kind::file,
+    .help =
+        "the draft model's own vocabulary (llama2.c tokenizer.bin): it drafts through the tokens "
+        "it shares with the target's or through text (--vocab-mode)",
+    .default_text = "a GGUF draft's own; else the target's, padded or cut to the draft's size"};
+//! draft: how a draft of another vocabulary proposes.
+inline constexpr option_spec vocab_mode{
+    .flag = "--vocab-mode",
+    .value_name = "NAME",
+    .kind = value_kind::text,
+    .help =
+        "how a draft of another vocabulary proposes: 'intersection' (drafts among the tokens "
+        "the vocabularies share, with q rows when sampling) or 'string' (its text re-tokenised "
+        "by the target's tokenizer, verified as candidates)",
+    .default_text = "intersection"};
 //! draft: the draft model's threads.
 inline constexpr option_spec draft_threads{.flag = "--draft-threads",
                                            .value_name = "N",
@@ -814,6 +836,53 @@ inline std::string chain_description(sd::draft_model_config const& c) {
   return d;
 }
 
+//! draft: the bridge to a draft model of another vocabulary (--draft-tokenizer, a GGUF draft's
+//! own vocabulary, or a vocabulary of another size: the target's padded or cut), or null when the
+//! draft shares the target's. `target` is the target's tokenizer.
+inline std::shared_ptr<sd::vocabulary_bridge const> draft_bridge(option_values const& v,
+                                                                 sd::tokenizer const& target,
+                                                                 std::size_t draft_vocab) {
+  auto const target_vocab = static_cast<std::size_t>(target.vocab_size());
+  std::string const path = *v.text(opt::draft_model);
+  bool const gguf = sd::detect_model_format(path) == sd::model_format::gguf;
+  std::shared_ptr<sd::vocabulary_bridge const> bridge;
+  if (v.given(opt::draft_tokenizer) || (gguf && draft_vocab != target_vocab)) {
+    std::optional<std::filesystem::path> tokenizer;
+    if (auto const t = v.text(opt::draft_tokenizer)) tokenizer = *t;
+    bridge = std::make_shared<sd::vocabulary_bridge const>(
+        sd::vocabulary_bridge::between(target, sd::load_tokenizer(path, tokenizer)));
+  } else if (draft_vocab != target_vocab) {
+    bridge = std::make_shared<sd::vocabulary_bridge const>(
+        sd::vocabulary_bridge::padded(target_vocab, draft_vocab));
+  }
+  if (!bridge && v.given(opt::vocab_mode))
+    throw usage_error("--vocab-mode needs a draft of another vocabulary (--draft-tokenizer)");
+  return bridge;
+}
+
+//! draft: the mode named by --vocab-mode.
+inline sd::vocab_mode vocab_mode_of(option_values const& v) {
+  std::string const name = v.text(opt::vocab_mode).value_or("intersection");
+  if (name == "intersection") return sd::vocab_mode::intersection;
+  if (name == "string") return sd::vocab_mode::string;
+  throw usage_error("--vocab-mode '" + name + "' is none of intersection, string");
+}
+
+//! draft: the configuration of a draft of another vocabulary.
+inline sd::cross_vocabulary_config cross_config(option_values const& v) {
+  return {.draft = chain_config(v), .mode = vocab_mode_of(v)};
+}
+
+//! Describes a draft of another vocabulary: "draft model of another vocabulary (495 of 1024
+//! tokens shared), intersection, k = 4".
+inline std::string cross_description(sd::vocabulary_bridge const& bridge,
+                                     sd::cross_vocabulary_config const& c) {
+  return "draft model of another vocabulary (" + std::to_string(bridge.shared()) + " of " +
+         std::to_string(bridge.draft_vocab()) + " tokens shared), " +
+         (c.mode == sd::vocab_mode::string ? "string level, " : "intersection, ") +
+         chain_description(c.draft);
+}
+
 //! autoregressive: the plain baseline (one target forward per token).
 run_output run_autoregressive(session& s);
 
@@ -1141,8 +1210,9 @@ struct strategy {
 //! The options of each strategy.
 namespace strategy_options {
 inline constexpr option_spec const* draft[] = {
-    &opt::draft_model, &opt::chain_length,  &opt::adaptive,     &opt::k_max,
-    &opt::confidence,  &opt::draft_threads, &opt::draft_context};
+    &opt::draft_model,   &opt::chain_length,    &opt::adaptive,
+    &opt::k_max,         &opt::confidence,      &opt::draft_threads,
+    &opt::draft_context, &opt::draft_tokenizer, &opt::vocab_mode};
 inline constexpr option_spec const* layer_skip[] = {
     &opt::skip_layers, &opt::layer_skip_k, &opt::fixed_k, &opt::layer_skip_k_max, &opt::confidence};
 inline constexpr option_spec const* sparse_kv[] = {

@@ -13,23 +13,29 @@
 //!   draft's tokenizer (no BOS, no dummy prefix), or else (a control token without a counterpart)
 //!   the draft's unknown token. `padded` serves a draft of the same family whose vocabulary only
 //!   differs in size (padding): ids below both sizes are paired with themselves.
-//! - `cross_vocabulary_proposer`: a draft model of any vocabulary, in one of two modes:
-//!   - `vocab_mode::intersection` (token-level intersection, TLI): the draft sees the target's
-//!     tokens through the bridge (each committed token replaced by its draft tokens), its rows are
-//!     masked to the tokens the two vocabularies share, its drafts are mapped to their target
-//!     counterparts and, when sampling, its q rows are carried into the target's vocabulary (zero
-//!     outside the intersection). A draft is then an ordinary chain of target tokens with q rows,
-//!     and speculative sampling is exact (the draft's context is a function of the committed
-//!     tokens alone; q is the distribution each draft was drawn from).
-//!   - `vocab_mode::string` (string level): the draft writes text freely in its own vocabulary
-//!     (k greedy tokens); the text is re-tokenised with the target's tokenizer together with the
-//!     last `lookbehind` committed tokens, and the target tokens after the committed ones (the
-//!     last dropped, its text may go on) are proposed as deterministic candidates. Candidates
-//!     carry no q rows: the greedy verifier checks them token by token and the tree verifier
-//!     treats each as a point mass, which is exact at any temperature whatever the draft writes
-//!     (the draft's proposals need not come from any distribution). The draft's context is its own
-//!     tokenisation of the text: after a step its cache is rolled back to the longest run of its
-//!     drafted tokens whose text the target accepted, and the rest of the new text is encoded.
+//! - `cross_vocabulary_proposer`: a draft model of any vocabulary. The draft reads the committed
+//!   text in its own tokenisation: each text run (the text between tokens without text) encoded by
+//!   the draft's tokenizer, tokens without text through the bridge (with a `padded` bridge, which
+//!   has no tokenizers, or with `token_context`, each committed token is replaced by its draft
+//!   tokens, which suits vocabularies that tokenise alike). As the text grows
+//!   only the end of the last run is encoded again (from a word start before its last two tokens),
+//!   and the draft cache keeps the longest prefix it shares with the new context -- after a step,
+//!   the old context and those of its drafts that the target's tokens spell. Two modes:
+//!   - `vocab_mode::intersection` (token-level intersection, TLI): the draft's rows are masked to
+//!     the tokens the two vocabularies share, its drafts are mapped to their target counterparts
+//!     and, when sampling, its q rows are carried into the target's vocabulary (zero outside the
+//!     intersection). A draft is then an ordinary chain of target tokens with q rows, and
+//!     speculative sampling is exact (each draft is drawn from the q row the verifier reads).
+//!   - `vocab_mode::string` (string level): the draft writes k tokens of text freely (greedy),
+//!     after token healing: the context's last token, when it is text, is drafted again, the first
+//!     draft row masked to the tokens that begin with its text, so that the draft goes on from a
+//!     boundary of its own tokenisation rather than after a piece it would have merged on (a
+//!     committed " " or " outs" of the target). The text after the committed text is re-tokenised
+//!     with the target's tokenizer together with the last `lookbehind` committed tokens (alone when
+//!     a token would span the boundary), and the target tokens after the committed ones are
+//!     proposed as deterministic candidates. Candidates carry no q rows: the greedy verifier checks
+//!     them token by token and the tree verifier treats each as a point mass, which is exact at any
+//!     temperature whatever the draft writes.
 //!
 //! The draft's rows are in its own vocabulary, so the policy given here is the plain sampler (an
 //! `incremental_policy`, a constrained one, is refused at compile time: its state reads target
@@ -253,7 +259,11 @@ struct cross_vocabulary_config {
   //! vocabulary; adaptive k and the confidence cutoff are for the intersection mode).
   draft_model_config draft = {};
   vocab_mode mode = vocab_mode::intersection;
-  //! String mode: committed target tokens re-tokenised with the draft's text (>= 1).
+  //! The draft reads each committed token as its draft tokens (the bridge's `draft_tokens`), for
+  //! vocabularies that tokenise alike, instead of the committed text in its own tokenisation.
+  bool token_context = false;
+  //! String mode: committed target tokens re-tokenised with the draft's text (0: the draft's
+  //! text alone).
   std::size_t lookbehind = 4;
   //! String mode: the most target tokens proposed per step (>= 1; the node budget).
   std::size_t max_target_tokens = 8;
@@ -264,8 +274,6 @@ struct cross_vocabulary_config {
     if (mode != vocab_mode::string) return;
     SPECDEC_CHECK(!draft.adaptive, invalid_argument,
                   "cross_vocabulary_config: adaptive k is for the intersection mode");
-    SPECDEC_CHECK(lookbehind >= 1, invalid_argument,
-                  "cross_vocabulary_config: lookbehind must be at least 1");
     SPECDEC_CHECK(max_target_tokens >= 1 && max_target_tokens < max_tree_nodes, invalid_argument,
                   "cross_vocabulary_config: max_target_tokens = ", max_target_tokens,
                   " is outside [1, ", max_tree_nodes - 1, "]");
@@ -274,25 +282,33 @@ struct cross_vocabulary_config {
 
 namespace detail {
 
+//! A mask for the next draft row only (token healing, see `cross_vocabulary_proposer`): armed
+//! by the proposer before a step, used and disarmed by the first row the policy reads.
+struct next_row_mask {
+  std::vector<std::uint64_t> words;
+  bool armed = false;
+};
+
 //! A policy over the draft's rows, masked to the tokens the draft shares with the target (no mask:
-//! the policy as it is).
+//! the policy as it is), the first row after `heal` is armed masked by it instead.
 template <sampling_policy Policy>
 class shared_tokens_policy {
  public:
-  shared_tokens_policy(Policy policy, std::span<std::uint64_t const> mask)
-      : policy_(std::move(policy)), mask_(mask) {}
+  shared_tokens_policy(Policy policy, std::span<std::uint64_t const> mask,
+                       std::shared_ptr<next_row_mask> heal)
+      : policy_(std::move(policy)), mask_(mask), heal_(std::move(heal)) {}
 
   void distribution(std::span<float const> logits, token_history history,
                     std::span<float> probs) const {
-    if (mask_.empty()) return policy_.distribution(logits, history, probs);
+    std::span<std::uint64_t const> const mask = take(logits.size());
+    if (mask.empty()) return policy_.distribution(logits, history, probs);
     check_row_shapes(logits, probs, "cross_vocabulary_proposer");
-    check_row(logits.size());
-    masked_distribution(policy_, logits, mask_, history, probs);
+    masked_distribution(policy_, logits, mask, history, probs);
   }
   [[nodiscard]] token_id greedy_token(std::span<float const> logits, token_history history) const {
-    if (mask_.empty()) return policy_.greedy_token(logits, history);
-    check_row(logits.size());
-    return masked_greedy_token(policy_, logits, mask_, history);
+    std::span<std::uint64_t const> const mask = take(logits.size());
+    if (mask.empty()) return policy_.greedy_token(logits, history);
+    return masked_greedy_token(policy_, logits, mask, history);
   }
   [[nodiscard]] token_id sample(std::span<float const> probs, philox& rng) const {
     return policy_.sample(probs, rng);
@@ -300,15 +316,22 @@ class shared_tokens_policy {
   [[nodiscard]] bool is_greedy() const noexcept { return policy_.is_greedy(); }
 
  private:
-  void check_row(std::size_t vocab) const {
-    SPECDEC_CHECK((vocab + 63) / 64 == mask_.size(), invalid_argument,
+  //! The mask of this row (checked against its size), or none.
+  std::span<std::uint64_t const> take(std::size_t vocab) const {
+    std::span<std::uint64_t const> mask = mask_;
+    if (heal_ && heal_->armed) {
+      heal_->armed = false;
+      mask = heal_->words;
+    }
+    SPECDEC_CHECK(mask.empty() || (vocab + 63) / 64 == mask.size(), invalid_argument,
                   "cross_vocabulary_proposer: a draft row of ", vocab,
-                  " logits for a bridge over a draft vocabulary of ", mask_.size() * 64,
-                  " tokens at most");
+                  " logits for a draft vocabulary of ", mask.size() * 64, " tokens at most");
+    return mask;
   }
 
   Policy policy_;
   std::span<std::uint64_t const> mask_;  // into the bridge, which the proposer holds
+  std::shared_ptr<next_row_mask> heal_;  // the proposer's (shared: the proposer may move)
 };
 
 }  // namespace detail
@@ -337,20 +360,25 @@ class cross_vocabulary_proposer {
       : draft_(&draft),
         bridge_(checked(std::move(bridge), draft, config)),
         config_(config),
+        heal_(std::make_shared<detail::next_row_mask>()),
         drafter_(config.draft,
                  detail::shared_tokens_policy<Policy>(std::move(policy),
                                                       config.mode == vocab_mode::intersection
                                                           ? bridge_->shared_mask()
-                                                          : std::span<std::uint64_t const>()),
-                 {}) {}
+                                                          : std::span<std::uint64_t const>(),
+                                                      heal_),
+                 {}) {
+    if (config_.mode == vocab_mode::string) index_draft_texts();
+  }
 
   //! Starts a sequence (see `proposer`).
   void begin(std::span<token_id const> prompt) {
     held_.clear();
     ends_.clear();
     draft_ctx_.clear();
-    chain_.clear();
-    chain_text_.clear();
+    run_text_.clear();
+    run_offsets_.clear();
+    encoded_ = 0;
     drafter_.begin(*draft_, prompt);
   }
 
@@ -359,7 +387,7 @@ class cross_vocabulary_proposer {
     SPECDEC_CHECK(!ctx.tokens.empty(), invalid_argument,
                   "cross_vocabulary_proposer: propose with no committed tokens");
     if (inner_.capacity() < tree.capacity()) inner_.reserve(tree.capacity());
-    if (config_.mode == vocab_mode::intersection)
+    if (config_.token_context || bridge_->draft_tokenizer() == nullptr)
       translate(ctx.tokens);
     else
       string_context(ctx.tokens);
@@ -459,67 +487,105 @@ class cross_vocabulary_proposer {
     }
   }
 
-  //! The draft's context for the committed `tokens` in the string mode (see the file comment).
-  //! When they extend the last step's, the context of that step, then the drafted tokens whose
-  //! text the new tokens begin with, then the rest of their text; otherwise built anew. Text runs
-  //! are encoded by the draft's tokenizer, tokens without text go through the bridge.
+  //! The draft's context for the committed `tokens` in its own tokenisation: each text run (the
+  //! text between tokens without text) encoded by the draft's tokenizer, the tokens without text
+  //! through the bridge. When `tokens` extends the last step's, only the end of the last run is
+  //! encoded again, from its last token that starts a word (a space) before its last two tokens.
   void string_context(std::span<token_id const> tokens) {
     std::size_t const held = held_.size();
     bool const extends =
         held > 0 && held <= tokens.size() && std::equal(held_.begin(), held_.end(), tokens.begin());
-    std::size_t from = held;
     if (!extends) {
       draft_ctx_.clear();
-      chain_.clear();
-      chain_text_.clear();
-      from = 0;
+      run_text_.clear();
+      run_offsets_.clear();
+      encoded_ = 0;
     }
-    std::string run;
-    bool first_run = extends;  // the drafts may stand for the start of the first run
-    auto const flush = [&] {
-      std::size_t used = 0;
-      if (first_run) {
-        std::size_t j = 0;
-        while (j < chain_.size() && used + chain_text_[j].size() <= run.size() &&
-               run.compare(used, chain_text_[j].size(), chain_text_[j]) == 0)
-          used += chain_text_[j++].size();
-        draft_ctx_.insert(draft_ctx_.end(), chain_.begin(),
-                          chain_.begin() + static_cast<std::ptrdiff_t>(j));
-        first_run = false;
-      }
-      if (used < run.size()) {
-        std::vector<token_id> const ids =
-            bridge_->draft_tokenizer()->encode(std::string_view(run).substr(used), false, false);
-        draft_ctx_.insert(draft_ctx_.end(), ids.begin(), ids.end());
-      }
-      run.clear();
+    bool mended = false;
+    auto const mend = [&] {  // takes back the end of the last run, to encode it with what follows
+      mended = true;
+      std::size_t const n = run_offsets_.size();
+      if (n == 0) return;
+      std::size_t r = n < 2 ? 0 : n - 2;
+      while (r > 0 && run_text_[run_offsets_[r]] != ' ') --r;
+      draft_ctx_.resize(draft_ctx_.size() - (n - r));
+      encoded_ = run_offsets_[r];
+      run_offsets_.resize(r);
     };
-    for (std::size_t i = from; i < tokens.size(); ++i) {
+    auto const flush = [&] {  // encodes the run's text after its kept tokens
+      if (encoded_ >= run_text_.size()) return;
+      std::vector<token_id> const ids = bridge_->draft_tokenizer()->encode(
+          std::string_view(run_text_).substr(encoded_), false, false);
+      for (token_id const d : ids) {
+        run_offsets_.push_back(encoded_);
+        encoded_ += text_of_draft(d).size();
+        draft_ctx_.push_back(d);
+      }
+    };
+    for (std::size_t i = extends ? held : 0; i < tokens.size(); ++i) {
       std::string_view const piece = bridge_->target_text(tokens[i]);
       if (!piece.empty()) {
-        run += piece;
+        if (!mended) mend();
+        run_text_ += piece;
         continue;
       }
       flush();
       bridge_->translate(tokens.subspan(i, 1), draft_ctx_);
+      run_text_.clear();
+      run_offsets_.clear();
+      encoded_ = 0;
+      mended = true;  // a new run: nothing to take back
     }
     flush();
     held_.assign(tokens.begin(), tokens.end());
   }
 
+  //! The text tokens of the draft's vocabulary in the order of their text (token healing finds
+  //! the tokens that begin with a text as one range of it).
+  void index_draft_texts() {
+    auto const vocab = static_cast<std::size_t>(bridge_->draft_vocab());
+    for (std::size_t d = 0; d < vocab; ++d)
+      if (!text_of_draft(static_cast<token_id>(d)).empty())
+        by_text_.push_back(static_cast<token_id>(d));
+    std::stable_sort(by_text_.begin(), by_text_.end(),
+                     [&](token_id x, token_id y) { return text_of_draft(x) < text_of_draft(y); });
+    heal_->words.assign((vocab + 63) / 64, 0);
+  }
+
+  //! Arms the mask of the draft tokens whose text begins with `text` for the next draft row.
+  void arm_healing(std::string_view text) {
+    std::fill(heal_->words.begin(), heal_->words.end(), 0);
+    auto it =
+        std::lower_bound(by_text_.begin(), by_text_.end(), text,
+                         [&](token_id d, std::string_view t) { return text_of_draft(d) < t; });
+    for (; it != by_text_.end() && text_of_draft(*it).starts_with(text); ++it)
+      heal_->words[static_cast<std::size_t>(*it) / 64] |= std::uint64_t{1}
+                                                          << (static_cast<std::size_t>(*it) % 64);
+    heal_->armed = true;
+  }
+
   void propose_string(propose_context const& ctx, draft_tree& tree) {
     tree.reset(ctx.tokens.back());
     if (tree.has_q()) tree.enable_q(0);
-    chain_.clear();
-    chain_text_.clear();
     std::size_t const budget =
         std::min({ctx.max_nodes, config_.max_target_tokens, tree.capacity() - 1});
     if (budget == 0 || draft_ctx_.empty()) return;
+    // Token healing: the context's last token, when it is text, is drafted again -- the draft's
+    // first token must begin with its text -- so that the draft continues from a token boundary
+    // of its own rather than after a piece its tokenisation would have merged on.
+    std::string_view healed;
+    std::size_t context = draft_ctx_.size();
+    if (context >= 2 && !run_offsets_.empty()) {
+      healed = text_of_draft(draft_ctx_.back());
+      --context;
+      arm_healing(healed);
+    }
     propose_context inner_ctx = ctx;
-    inner_ctx.tokens = draft_ctx_;
+    inner_ctx.tokens = std::span<token_id const>(draft_ctx_).first(context);
     inner_ctx.max_nodes = config_.draft.k;
     drafter_.propose(*draft_, inner_ctx, inner_);
-    // The draft's text, up to its first token without text (an end of text).
+    heal_->armed = false;
+    // The draft's text after the committed text, up to its first token without text.
     std::string drafted;
     token_id end = no_token;
     bool ended = false;
@@ -532,11 +598,12 @@ class cross_vocabulary_proposer {
         if (ended) end = bridge_->target_of(d);
         break;
       }
-      chain_.push_back(d);
-      chain_text_.emplace_back(piece);
       drafted += piece;
     }
-    // Re-tokenise the last committed tokens' text with it; propose what follows them.
+    if (!drafted.starts_with(healed)) return;  // the healed row had no allowed token
+    drafted.erase(0, healed.size());
+    // Re-tokenise the last committed tokens' text with it; propose what follows them (the draft's
+    // text alone when a token spans the boundary).
     tokenizer const& target = *bridge_->target_tokenizer();
     std::size_t const first = ctx.tokens.size() - std::min(config_.lookbehind, ctx.tokens.size());
     std::string window;
@@ -544,13 +611,14 @@ class cross_vocabulary_proposer {
       window += bridge_->target_text(ctx.tokens[i]);
     std::size_t const committed = window.size();
     window += drafted;
-    std::vector<token_id> const ids = target.encode(window, false, false);
+    std::vector<token_id> ids = target.encode(window, false, false);
     std::size_t length = 0, i = 0;
     while (i < ids.size() && length < committed) length += target.decode(no_token, ids[i++]).size();
-    if (length != committed) return;  // a token spans the boundary: nothing to propose
-    std::size_t n = ids.size() - i;
-    if (!ended && n > 0) --n;  // the last token's text may go on
-    n = std::min(n, budget);
+    if (length != committed) {
+      ids = target.encode(drafted, false, false);
+      i = 0;
+    }
+    std::size_t const n = std::min(ids.size() - i, budget);
     node_index parent = 0;
     for (std::size_t p = 0; p < n; ++p) parent = tree.add_node(parent, ids[i + p]);
     if (ended && end != no_token && n == ids.size() - i && n < budget) tree.add_node(parent, end);
@@ -567,13 +635,16 @@ class cross_vocabulary_proposer {
   DraftModel* draft_;
   std::shared_ptr<vocabulary_bridge const> bridge_;
   cross_vocabulary_config config_;
+  std::shared_ptr<detail::next_row_mask> heal_;  // string: the healed row's mask
   detail::chain_drafter<DraftModel, detail::shared_tokens_policy<Policy>, Mode> drafter_;
-  draft_tree inner_;                     // the step's chain in the draft's vocabulary
-  std::vector<token_id> held_;           // the committed target tokens the context stands for
-  std::vector<std::size_t> ends_;        // intersection: the context's size after each of them
-  std::vector<token_id> draft_ctx_;      // the draft's context
-  std::vector<token_id> chain_;          // string: the step's drafted text tokens
-  std::vector<std::string> chain_text_;  // string: their text
+  draft_tree inner_;                      // the step's chain in the draft's vocabulary
+  std::vector<token_id> held_;            // the committed target tokens the context stands for
+  std::vector<std::size_t> ends_;         // intersection: the context's size after each of them
+  std::vector<token_id> draft_ctx_;       // the draft's context
+  std::string run_text_;                  // string: the text of the context's last run
+  std::vector<std::size_t> run_offsets_;  // string: where each of its draft tokens starts
+  std::size_t encoded_ = 0;               // string: the bytes of the run those tokens cover
+  std::vector<token_id> by_text_;         // string: text tokens of the draft, by text
 };
 
 }  // namespace specdec
