@@ -138,7 +138,14 @@ TEST_CASE("generate --prompts: every strategy serves a batch as it runs alone") 
       {"--strategy", "sparse-kv", "--sinks", "4", "--budget", "24"},
       {"--strategy", "sparse-kv", "--kv-policy", "snapkv", "--kv-budget", "8", "--kv-window", "2"},
       {"--strategy", "draft", "--draft",
-       test_support::source_file("tools/draft/stories_draft.bin").string()}};
+       test_support::source_file("tools/draft/stories_draft.bin").string()},
+      {"--strategy", "draft", "--draft",
+       test_support::source_file("tools/draft/cross/stories_draft_tok1024.bin").string(),
+       "--draft-tokenizer", test_support::source_file("tools/draft/cross/tok1024.bin").string()},
+      {"--strategy", "draft", "--draft",
+       test_support::source_file("tools/draft/cross/stories_draft_tok1024.bin").string(),
+       "--draft-tokenizer", test_support::source_file("tools/draft/cross/tok1024.bin").string(),
+       "--vocab-mode", "string"}};
   for (auto const& strategy : strategies) {
     CAPTURE(strategy[1]);
     std::vector<std::string> args = {"--prompts", file, "--batch", "2", "-n", "24"};

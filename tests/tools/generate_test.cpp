@@ -655,6 +655,48 @@ TEST_CASE("generate: options that only shape sampling are refused at temperature
               .size() == 4);
 }
 
+TEST_CASE("generate: a draft of another vocabulary, both modes, greedy and sampled") {
+  std::string const draft =
+      test_support::source_file("tools/draft/cross/stories_draft_tok1024.bin").string();
+  std::string const draft_tok = test_support::source_file("tools/draft/cross/tok1024.bin").string();
+  for (std::string const mode : {"intersection", "string"}) {
+    CAPTURE(mode);
+    std::vector<std::string> const common = {"--strategy",        "draft",   "--draft",      draft,
+                                             "--draft-tokenizer", draft_tok, "--vocab-mode", mode};
+    std::vector<std::string> args = once({"-n", "48", "--compare"});
+    args.insert(args.end(), common.begin(), common.end());
+    json const greedy = gen_json(args);
+    CHECK(boolean(greedy.at("stats").at("outputs_identical")));
+    CHECK(tokens_of(greedy) == reference_continuation(48));
+    CHECK(str(greedy.at("verifier")) == "greedy");
+    std::string const description = str(greedy.at("description"));
+    CHECK(description.find(
+              "draft model of another vocabulary (478 of 1024 tokens shared), " +
+              std::string(mode == std::string("string") ? "string level" : "intersection") +
+              ", k = 4") == 0);
+    CHECK(num(greedy.at("stats").at("accepted")) > 0);
+    std::vector<std::string> sampled = once({"-n", "32", "--temp", "1", "--seed", "3"});
+    sampled.insert(sampled.end(), common.begin(), common.end());
+    json const s = gen_json(sampled);
+    CHECK(str(s.at("verifier")) ==
+          (mode == std::string("string") ? "tree (point masses)" : "speculative sampling"));
+    CHECK(tokens_of(s).size() == 32);
+  }
+  // A draft whose vocabulary only differs in size: a padded bridge, the greedy output kept.
+  json const padded = gen_json(
+      once({"-n", "24", "--compare", "--strategy", "draft", "--draft", random_draft(600)}));
+  CHECK(boolean(padded.at("stats").at("outputs_identical")));
+  CHECK(str(padded.at("description")).find("(512 of 600 tokens shared), intersection") !=
+        std::string::npos);
+  check_error(once({"--strategy", "draft", "--draft", model(), "--vocab-mode", "string"}), 2,
+              "--vocab-mode needs a draft of another vocabulary");
+  check_error(once({"--strategy", "draft", "--draft", draft, "--draft-tokenizer", draft_tok,
+                    "--vocab-mode", "chars"}),
+              2, "--vocab-mode 'chars' is none of intersection, string");
+  check_error(once({"--strategy", "draft", "--draft", draft, "--draft-tokenizer", vocab()}), 1,
+              "tok512.bin");  // 512 tokens for a model of 1024
+}
+
 TEST_CASE("generate: every strategy of the table gives the greedy output at temperature 0") {
   for (generate::strategy const& s : generate::strategies) {
     CAPTURE(s.name);
