@@ -38,8 +38,8 @@ import torch
 from train_draft import evaluate as evaluate_distill
 from train_draft import greedy_agreement, parse_shape, plan_batches
 from training.bpe import ChunkEncoder, train_bpe, write_tokenizer
-from training.llama import BOS, EOS, Llama, read_legacy, tensor_layout, write_legacy
-from training.runtime import keep_freed_memory, sha256
+from training.llama import BOS, EOS, Llama, read_legacy, write_legacy
+from training.runtime import adamw, keep_freed_memory, sha256, warmup_cosine
 from training.teacher import (check_teacher, length_batches, pad_batch, sample_stories,
                               teacher_log_probs)
 from training.tokenizer import Tokenizer
@@ -89,19 +89,8 @@ def train_student(cfg, embedding, train, heldout, heldout_bytes, args, log, name
     if embedding is not None:
         with torch.no_grad():
             student.tok_embeddings.copy_(embedding)
-    decay = [getattr(student, n) for n, _ in tensor_layout(cfg) if not n.startswith("rms")]
-    no_decay = [getattr(student, n) for n, _ in tensor_layout(cfg) if n.startswith("rms")]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-
-    def lr_at(step):
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        cosine = 0.5 * (1 + math.cos(math.pi * t))
-        return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * cosine)
+    opt = adamw(student, cfg, args.lr, args.weight_decay)
+    lr_at = warmup_cosine(args.lr, args.warmup, args.steps, args.min_lr_ratio)
 
     plan = []
     t0 = time.time()

@@ -21,7 +21,6 @@ CPU only, deterministic (fixed seeds, one thread by default). Run from the repos
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -29,7 +28,8 @@ import time
 import numpy as np
 import torch
 
-from training.llama import BOS, Config, Llama, read_legacy, tensor_layout, write_legacy
+from training.llama import BOS, Config, Llama, read_legacy, write_legacy
+from training.runtime import adamw, warmup_cosine
 from training.teacher import (PROMPT_LEN, check_teacher, length_batches, pad_batch, sample_stories,
                               teacher_log_probs)
 
@@ -126,19 +126,8 @@ def train_student(cfg, teacher, train, train_logps, heldout, heldout_logps, args
         assert cfg.dim <= s.numel(), "teacher-pca needs a student no wider than the teacher"
         with torch.no_grad():
             student.tok_embeddings.copy_(u[:, : cfg.dim] * s[: cfg.dim])
-    decay = [getattr(student, n) for n, _ in tensor_layout(cfg) if not n.startswith("rms")]
-    no_decay = [getattr(student, n) for n, _ in tensor_layout(cfg) if n.startswith("rms")]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-
-    def lr_at(step):
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        cosine = 0.5 * (1 + math.cos(math.pi * t))
-        return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * cosine)
+    opt = adamw(student, cfg, args.lr, args.weight_decay)
+    lr_at = warmup_cosine(args.lr, args.warmup, args.steps, args.min_lr_ratio)
 
     plan = []
     t0 = time.time()

@@ -192,22 +192,7 @@ class ChunkEncoder:
                 symbols.append((tok.lookup[piece], piece, True))
             else:
                 symbols += [(tok.byte_token[b], bytes([b]), False) for b in piece]
-        while True:
-            best = None
-            for j in range(len(symbols) - 1):
-                (_, a, ma), (_, b, mb) = symbols[j], symbols[j + 1]
-                if not (ma and mb) or len(a) + len(b) > tok.max_token_length:
-                    continue
-                m = tok.lookup.get(a + b)
-                if m is None or not tok.scores[m] > -1e10:
-                    continue
-                if best is None or tok.scores[m] > best[0]:
-                    best = (tok.scores[m], j, m)
-            if best is None:
-                break
-            _, j, m = best
-            symbols[j : j + 2] = [(m, symbols[j][1] + symbols[j + 1][1], True)]
-        ids = [s[0] for s in symbols]
+        ids = tok.merge(symbols)
         self.cache[text] = ids
         return ids
 

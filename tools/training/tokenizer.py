@@ -61,6 +61,11 @@ class Tokenizer:
                     assert b in self.byte_token, f"byte {b} has no token"
                     symbols.append((self.byte_token[b], bytes([b]), False))
             i += n
+        return out + self.merge(symbols)
+
+    def merge(self, symbols):
+        """llama2.c's merging of `symbols` [(id, piece bytes, mergeable)]: repeatedly the adjacent
+        pair whose merged piece scores highest (the leftmost on ties). Returns the ids."""
         while True:
             best = None  # (score, index, id)
             for j in range(len(symbols) - 1):
@@ -76,7 +81,7 @@ class Tokenizer:
                 break
             _, j, merged = best
             symbols[j : j + 2] = [(merged, symbols[j][1] + symbols[j + 1][1], True)]
-        return out + [s[0] for s in symbols]
+        return [s[0] for s in symbols]
 
     def decode(self, ids):
         """token ids -> text as llama2.c prints it (control tokens empty, the dummy prefix dropped
