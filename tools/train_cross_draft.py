@@ -40,7 +40,7 @@ from train_draft import greedy_agreement, parse_shape, plan_batches
 from training.bpe import ChunkEncoder, train_bpe, write_tokenizer
 from training.llama import BOS, EOS, Llama, read_legacy, write_legacy
 from training.runtime import adamw, keep_freed_memory, sha256, warmup_cosine
-from training.teacher import (check_teacher, length_batches, pad_batch, sample_stories,
+from training.teacher import (length_batches, load_teacher, pad_batch, sample_stories,
                               teacher_log_probs)
 from training.tokenizer import Tokenizer
 
@@ -216,12 +216,8 @@ def main():
         print(f"[{time.time() - t_start:7.1f} s] {msg}", flush=True)
 
     # 1. teacher
-    teacher, rope_error = read_legacy(args.teacher)
-    teacher.requires_grad_(False)
+    teacher, n_ref, rope_error = load_teacher(args.teacher, args.reference)
     tcfg = teacher.cfg
-    assert rope_error < 1e-5, (f"{args.teacher}: RoPE tables differ from theta "
-                               f"{tcfg.rope_theta} by {rope_error}")
-    n_ref = check_teacher(teacher, args.reference)
     tok512 = Tokenizer(args.tokenizer)
     assert len(tok512) == tcfg.vocab_size
     log(f"teacher {tcfg.short()}, {tcfg.parameter_count()} parameters; reproduces the {n_ref} "

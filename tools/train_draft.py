@@ -30,7 +30,7 @@ import torch
 
 from training.llama import BOS, Config, Llama, read_legacy, write_legacy
 from training.runtime import adamw, warmup_cosine
-from training.teacher import (PROMPT_LEN, check_teacher, length_batches, pad_batch, sample_stories,
+from training.teacher import (PROMPT_LEN, length_batches, load_teacher, pad_batch, sample_stories,
                               teacher_log_probs)
 
 # ----------------------------------------------------------------------------------------------
@@ -214,12 +214,8 @@ def main():
         print(f"[{time.time() - t_start:7.1f} s] {msg}", flush=True)
 
     # 1. teacher
-    teacher, rope_error = read_legacy(args.teacher)
-    teacher.requires_grad_(False)
+    teacher, n_ref, rope_error = load_teacher(args.teacher, args.reference)
     tcfg = teacher.cfg
-    assert rope_error < 1e-5, (f"{args.teacher}: RoPE tables differ from theta "
-                               f"{tcfg.rope_theta} by {rope_error}")
-    n_ref = check_teacher(teacher, args.reference)
     log(f"teacher {tcfg.short()}, {tcfg.parameter_count()} parameters; reproduces the {n_ref} "
         f"reference greedy ids (KV-cache and full-sequence paths); RoPE tables match to "
         f"{rope_error:.1e}")

@@ -122,6 +122,19 @@ sd::tokenizer altered_tokenizer(std::size_t replaced) {
   return v.make(tok);
 }
 
+// The bridge from tok512 to `draft`.
+std::shared_ptr<sd::vocabulary_bridge const> bridge_to(sd::tokenizer const& draft) {
+  return std::make_shared<sd::vocabulary_bridge const>(
+      sd::vocabulary_bridge::between(fixture::tok512(), draft));
+}
+
+// A random-weight draft (the fixture's draft shape) over the vocabulary of `tok`.
+std::shared_ptr<sd::llama_weights const> random_model(sd::tokenizer const& tok) {
+  sd::llama_config shape = test_support::shapes::fixture_draft();
+  shape.vocab_size = tok.vocab_size();
+  return std::make_shared<sd::llama_weights const>(sd::make_random_llama(shape, 13, 0.5f));
+}
+
 // The pairing rule written plainly: specials by role, then byte tokens with byte tokens, then
 // equal texts, the lowest unpaired ids first.
 std::vector<sd::token_id> reference_pairing(sd::tokenizer const& target,
@@ -326,8 +339,7 @@ TEST_CASE("vocabulary_bridge and cross_vocabulary_proposer: bad input is refused
   test_support::check_error(
       [&] { greedy_cross p(draft, padded, sd::greedy{}, {.mode = sd::vocab_mode::string}); },
       sd::errc::invalid_argument, "needs both tokenizers");
-  auto const same =
-      std::make_shared<sd::vocabulary_bridge const>(sd::vocabulary_bridge::between(tok, tok));
+  auto const same = bridge_to(tok);
   test_support::check_error(
       [&] {
         sampled_cross p(draft, same, sd::sampler(sd::sampling_params{}),
@@ -359,8 +371,7 @@ TEST_CASE("cross_vocabulary_proposer: the target's own function in another vocab
   using namespace cross_test;
   sd::tokenizer const& tok = fixture::tok512();
   auto const perm = merge_permutation(static_cast<std::size_t>(tok.vocab_size()), 7);
-  auto const bridge = std::make_shared<sd::vocabulary_bridge const>(
-      sd::vocabulary_bridge::between(tok, permuted_tokenizer(perm)));
+  auto const bridge = bridge_to(permuted_tokenizer(perm));
   sd::cpu_llama draft(permuted_model(perm), decode_test::one_thread());
   auto const prompts = some_prompts(4);
 
@@ -393,13 +404,8 @@ TEST_CASE("cross_vocabulary_proposer: the draft reads the committed text in its 
   using namespace cross_test;
   sd::tokenizer const& tok = fixture::tok512();
   sd::tokenizer const altered = altered_tokenizer(20);
-  auto const bridge =
-      std::make_shared<sd::vocabulary_bridge const>(sd::vocabulary_bridge::between(tok, altered));
-  sd::llama_config shape = test_support::shapes::fixture_draft();
-  shape.vocab_size = altered.vocab_size();
-  sd::cpu_llama draft(
-      std::make_shared<sd::llama_weights const>(sd::make_random_llama(shape, 13, 0.5f)),
-      decode_test::one_thread());
+  auto const bridge = bridge_to(altered);
+  sd::cpu_llama draft(random_model(altered), decode_test::one_thread());
   // The reference text, committed a few tokens at a time (as steps commit them), then a history
   // that does not extend the last one.
   std::vector<sd::token_id> text = fixture::reference_ids();
@@ -429,15 +435,9 @@ TEST_CASE("cross_vocabulary_proposer: the draft reads the committed text in its 
 
 TEST_CASE("cross_vocabulary_proposer: greedy output equals autoregressive with a random draft") {
   using namespace cross_test;
-  sd::tokenizer const& tok = fixture::tok512();
   sd::tokenizer const altered = altered_tokenizer(20);
-  auto const bridge =
-      std::make_shared<sd::vocabulary_bridge const>(sd::vocabulary_bridge::between(tok, altered));
-  sd::llama_config shape = test_support::shapes::fixture_draft();
-  shape.vocab_size = altered.vocab_size();
-  sd::cpu_llama draft(
-      std::make_shared<sd::llama_weights const>(sd::make_random_llama(shape, 13, 0.5f)),
-      decode_test::one_thread());
+  auto const bridge = bridge_to(altered);
+  sd::cpu_llama draft(random_model(altered), decode_test::one_thread());
   auto const prompts = some_prompts(3);
   greedy_cross tli(draft, bridge, sd::greedy{},
                    {.draft = {.k = 2, .adaptive = true, .k_min = 1, .k_max = 5}});
@@ -451,8 +451,7 @@ TEST_CASE("cross_vocabulary_proposer: one per request in a batch, as alone") {
   using namespace cross_test;
   sd::tokenizer const& tok = fixture::tok512();
   auto const perm = merge_permutation(static_cast<std::size_t>(tok.vocab_size()), 9);
-  auto const bridge = std::make_shared<sd::vocabulary_bridge const>(
-      sd::vocabulary_bridge::between(tok, permuted_tokenizer(perm)));
+  auto const bridge = bridge_to(permuted_tokenizer(perm));
   auto const draft_weights = permuted_model(perm);
   using owning = sd::owning_proposer<sd::cpu_llama, greedy_cross>;
   auto const make = [&](sd::vocab_mode mode) {
@@ -494,19 +493,13 @@ TEST_CASE(
   using sampling_check::check_counts;
   sd::tokenizer const& tok = fixture::tok512();
   auto const perm = merge_permutation(static_cast<std::size_t>(tok.vocab_size()), 7);
-  auto const bridge = std::make_shared<sd::vocabulary_bridge const>(
-      sd::vocabulary_bridge::between(tok, permuted_tokenizer(perm)));
+  auto const bridge = bridge_to(permuted_tokenizer(perm));
   sd::cpu_llama draft(permuted_model(perm), decode_test::one_thread());
   // Another draft, of an altered vocabulary and random weights: drafts mostly rejected, and draft
   // tokens outside the intersection.
   sd::tokenizer const altered = altered_tokenizer(40);
-  auto const partial =
-      std::make_shared<sd::vocabulary_bridge const>(sd::vocabulary_bridge::between(tok, altered));
-  sd::llama_config shape = test_support::shapes::fixture_draft();
-  shape.vocab_size = altered.vocab_size();
-  sd::cpu_llama random(
-      std::make_shared<sd::llama_weights const>(sd::make_random_llama(shape, 13, 0.5f)),
-      decode_test::one_thread());
+  auto const partial = bridge_to(altered);
+  sd::cpu_llama random(random_model(altered), decode_test::one_thread());
   std::vector<sd::token_id> const prompt{1, 399};
   static auto const joint = sampling_check::exact_joint(fixture::stories260k(), prompt);
   sd::cpu_llama target(fixture::stories260k(), decode_test::one_thread());

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from training.llama import ATTENTION_BLOCK, BOS, EOS, apply_rope, rms_norm
+from training.llama import ATTENTION_BLOCK, BOS, EOS, apply_rope, read_legacy, rms_norm
 
 PROMPT_LEN = 4  # the reference ids file starts with the 4 prompt ids of "Once upon a time"
 PROMPT = [BOS, 403, 407, 261, 378]
@@ -27,6 +27,17 @@ def greedy(model, prompt, total):
 
 
 @torch.no_grad()
+def load_teacher(path, reference_path):
+    """Reads the teacher (frozen), asserts its RoPE tables match its theta and that it reproduces
+    the reference greedy ids (check_teacher). Returns (model, reference ids checked, RoPE
+    error)."""
+    teacher, rope_error = read_legacy(path)
+    teacher.requires_grad_(False)
+    assert rope_error < 1e-5, (f"{path}: RoPE tables differ from theta "
+                               f"{teacher.cfg.rope_theta} by {rope_error}")
+    return teacher, check_teacher(teacher, reference_path), rope_error
+
+
 def check_teacher(model, reference_path):
     """Asserts that greedy decoding (KV-cache path) and one full causal forward (training path)
     both reproduce the reference greedy ids."""
