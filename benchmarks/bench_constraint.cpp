@@ -24,7 +24,8 @@
 //    forced spans: tokens per target forward of each (`tpf_lookup`, `tpf_forced`), their ratio
 //    `forced_gain`, and `forced_speedup` = tokens per second with forced spans / without.
 //    SPECDEC_JSON_TARGET=PATH runs it on another target of the fixture's function: the widened
-//    fixture (docs/widen.md), whose forwards stream weights as a large model's do.
+//    fixture (docs/models.md, "Widened models"), whose forwards stream weights as a large model's
+//    do.
 //
 // Run (Release): build/<dir>/benchmarks/bench_constraint
 // Environment: SPECDEC_MODEL_DIR, SPECDEC_DATA_DIR (default ../shared/{models,data} next to the

@@ -501,8 +501,10 @@ TEST_CASE("generate: run-time errors exit 1 with one line") {
   check_error({"--model", bad.string(), "--tokenizer", vocab(), "--prompt", "hi", "--strategy",
                "autoregressive"},
               1, "specdec: ", false);
-  // A draft model of another vocabulary.
-  check_error(once({"--strategy", "draft", "--draft", random_draft(300)}), 1, "vocabulary");
+  // A draft model whose own vocabulary file does not fit it.
+  check_error(
+      once({"--strategy", "draft", "--draft", random_draft(300), "--draft-tokenizer", vocab()}), 1,
+      "the vocabulary has 512 tokens");
   // A prompt beyond the context.
   check_error(once({"--strategy", "autoregressive", "--context", "3"}), 1, "context");
   // A tokenizer file that does not fit the model.
