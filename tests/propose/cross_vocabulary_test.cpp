@@ -505,33 +505,29 @@ TEST_CASE(
   sd::cpu_llama target(fixture::stories260k(), decode_test::one_thread());
   auto const policy = sampling_check::target_policy();
 
-  SUBCASE("intersection, sampled drafts with q rows, speculative sampling") {
-    sampled_cross p(draft, bridge, policy, {.draft = {.k = 3}});
-    sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, policy,
-                                sampling_check::two_tokens());
+  // Samples the pairs with `p` and `verifier` and checks them against the joint.
+  auto const sampled = [&](auto& p, auto verifier, char const* what) {
+    sd::speculative_decoder dec(target, p, verifier, policy, sampling_check::two_tokens());
     sd::request_stats s;
     check_counts(sampling_check::sample_pairs(dec, prompt, &s), joint, sampling_check::trials,
-                 "intersection, the target's function");
+                 what);
+    return s;
+  };
+  SUBCASE("intersection, sampled drafts with q rows, speculative sampling") {
+    sampled_cross p(draft, bridge, policy, {.draft = {.k = 3}});
+    sd::request_stats const s =
+        sampled(p, sd::speculative_sampling_verifier{}, "intersection, the target's function");
     CHECK(s.accepted > s.drafted / 2);  // a draft this good: the test bites
   }
   SUBCASE("intersection, a random draft of an altered vocabulary") {
     sampled_cross p(random, partial, policy, {.draft = {.k = 3}});
-    sd::speculative_decoder dec(target, p, sd::speculative_sampling_verifier{}, policy,
-                                sampling_check::two_tokens());
-    sd::request_stats s;
-    check_counts(sampling_check::sample_pairs(dec, prompt, &s), joint, sampling_check::trials,
-                 "intersection, random draft");
-    CHECK(s.drafted > 0);
+    CHECK(sampled(p, sd::speculative_sampling_verifier{}, "intersection, random draft").drafted >
+          0);
   }
   SUBCASE("string mode, candidates, tree verifier (point masses)") {
     sd::cross_vocabulary_proposer<sd::cpu_llama, sd::sampler> p(
         draft, bridge, policy, {.draft = {.k = 3}, .mode = sd::vocab_mode::string});
-    sd::speculative_decoder dec(target, p, sd::tree_verifier{}, policy,
-                                sampling_check::two_tokens());
-    sd::request_stats s;
-    check_counts(sampling_check::sample_pairs(dec, prompt, &s), joint, sampling_check::trials,
-                 "string mode");
-    CHECK(s.accepted > 0);
+    CHECK(sampled(p, sd::tree_verifier{}, "string mode").accepted > 0);
   }
   SUBCASE("power: q rows that are not the drafts' distributions are caught") {
     sampled_cross inner(draft, bridge, policy, {.draft = {.k = 3}});

@@ -81,7 +81,7 @@ class vocabulary_bridge {
     b.draft_tok_ = std::make_shared<tokenizer const>(draft);
     b.target_text_.resize(b.target_vocab_);
     for (std::size_t t = 0; t < b.target_vocab_; ++t)
-      b.target_text_[t] = text_of(target, static_cast<token_id>(t));
+      b.target_text_[t] = token_text(target, static_cast<token_id>(t));
     // Specials by role.
     for (auto [t, d] : {std::pair{target.bos(), draft.bos()}, std::pair{target.eos(), draft.eos()},
                         std::pair{target.unk(), draft.unk()}})
@@ -91,7 +91,7 @@ class vocabulary_bridge {
     std::unordered_map<std::string_view, std::vector<token_id>> by_text;
     std::vector<std::string> draft_text(b.draft_vocab_);
     for (std::size_t d = 0; d < b.draft_vocab_; ++d) {
-      draft_text[d] = text_of(draft, static_cast<token_id>(d));
+      draft_text[d] = token_text(draft, static_cast<token_id>(d));
       if (!draft_text[d].empty()) by_text[draft_text[d]].push_back(static_cast<token_id>(d));
     }
     for (bool const bytes_only : {true, false}) {
@@ -178,6 +178,15 @@ class vocabulary_bridge {
   //! The tokenizers (null for a `padded` bridge).
   [[nodiscard]] tokenizer const* target_tokenizer() const noexcept { return target_tok_.get(); }
   [[nodiscard]] tokenizer const* draft_tokenizer() const noexcept { return draft_tok_.get(); }
+  //! The text token `id` of `tok` stands for, as it reads after another token: a byte token its
+  //! byte, a text piece its text; none for control, unknown and unused tokens. Valid as long as
+  //! `tok`.
+  [[nodiscard]] static std::string_view token_text(tokenizer const& tok, token_id id) {
+    token_type const type = tok.type(id);
+    if (type == token_type::control || type == token_type::unknown || type == token_type::unused)
+      return {};
+    return tok.decode(no_token, id);
+  }
   //! The text of target token `t` as it reads after another token (empty without a tokenizer).
   [[nodiscard]] std::string_view target_text(token_id t) const {
     check_target(t);
@@ -193,13 +202,6 @@ class vocabulary_bridge {
     SPECDEC_CHECK(target_vocab > 0 && draft_vocab > 0, invalid_argument,
                   "vocabulary_bridge: an empty vocabulary (target ", target_vocab, ", draft ",
                   draft_vocab, " tokens)");
-  }
-
-  static std::string text_of(tokenizer const& tok, token_id id) {
-    token_type const type = tok.type(id);
-    if (type == token_type::control || type == token_type::unknown || type == token_type::unused)
-      return {};
-    return std::string(tok.decode(no_token, id));
   }
 
   void pair(token_id t, token_id d) {
@@ -500,6 +502,7 @@ class cross_vocabulary_proposer {
     bool const extends =
         held > 0 && held <= tokens.size() && std::equal(held_.begin(), held_.end(), tokens.begin());
     if (!extends) {
+      held_.clear();
       draft_ctx_.clear();
       run_text_.clear();
       run_offsets_.clear();
@@ -541,7 +544,8 @@ class cross_vocabulary_proposer {
       mended = true;  // a new run: nothing to take back
     }
     flush();
-    held_.assign(tokens.begin(), tokens.end());
+    held_.insert(held_.end(), tokens.begin() + static_cast<std::ptrdiff_t>(extends ? held : 0),
+                 tokens.end());
   }
 
   //! The text tokens of the draft's vocabulary in the order of their text (token healing finds
@@ -629,11 +633,7 @@ class cross_vocabulary_proposer {
   }
 
   std::string_view text_of_draft(token_id d) const {
-    tokenizer const& tok = *bridge_->draft_tokenizer();
-    token_type const type = tok.type(d);
-    if (type == token_type::control || type == token_type::unknown || type == token_type::unused)
-      return {};
-    return tok.decode(no_token, d);
+    return vocabulary_bridge::token_text(*bridge_->draft_tokenizer(), d);
   }
 
   DraftModel* draft_;

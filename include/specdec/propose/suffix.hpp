@@ -395,7 +395,7 @@ class suffix_cache {
 
   suffix_cache_config config_;
   mutable std::shared_mutex mutex_;
-  std::mutex maintain_;  //!< one eviction at a time
+  std::mutex maintain_;                       //!< one eviction at a time
   std::atomic<bool> evict_requested_{false};  //!< an eviction is wanted (see `evict`)
   suffix_tree tree_;
   std::deque<entry> entries_;  //!< oldest first (increasing ids)
