@@ -54,6 +54,7 @@
 #include "specdec/verify/typical_acceptance.hpp"
 
 // propose/: one header per drafting strategy.
+#include "specdec/propose/block.hpp"
 #include "specdec/propose/chain_drafter.hpp"
 #include "specdec/propose/constrained.hpp"
 #include "specdec/propose/cross_vocabulary.hpp"
@@ -80,6 +81,7 @@
 // model/: model files (llama2.c, GGUF), draft heads, tokenizers, random models of any shape,
 // models widened to a larger shape (the JSON formats: specdec/files.hpp).
 #include "specdec/model/binary_io.hpp"
+#include "specdec/model/block_drafter.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/gguf.hpp"
 #include "specdec/model/gguf_writer.hpp"
@@ -105,6 +107,7 @@
 #include "specdec/decode/speculative_decoder.hpp"
 
 // reference/: slow, obviously correct versions that tests compare against.
+#include "specdec/reference/block_drafter.hpp"
 #include "specdec/reference/eagle.hpp"
 #include "specdec/reference/heads.hpp"
 #include "specdec/reference/pivot.hpp"

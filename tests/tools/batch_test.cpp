@@ -117,9 +117,10 @@ TEST_CASE("generate --prompts: each request equals its prompt run alone, greedy 
   CHECK(str(s.total.at("verifier")) == "tree (point masses)");
 }
 
-// Every strategy serves --prompts: the heads' and EAGLE's proposers read the target's hidden
-// rows, lookahead's and Jacobi's add auxiliary tokens, layer-skip drafts with its own instance per
-// request; each request's greedy output equals its prompt run alone with the same strategy.
+// Every strategy serves --prompts: the heads', EAGLE's and the block drafters' proposers read the
+// target's hidden rows, lookahead's and Jacobi's add auxiliary tokens, layer-skip drafts with its
+// own instance per request; each request's greedy output equals its prompt run alone with the same
+// strategy.
 TEST_CASE("generate --prompts: every strategy serves a batch as it runs alone") {
   std::string const file = prompts_file(3);
   std::vector<std::string> const prompts = prompts_of(file);
@@ -132,6 +133,9 @@ TEST_CASE("generate --prompts: every strategy serves a batch as it runs alone") 
       {"--strategy", "eagle", "--eagle", dir("tools/eagle/eagle3/config.json")},
       {"--strategy", "eagle", "--eagle", dir("tools/eagle/eagle1/config.json"), "--tree-nodes",
        "12"},
+      {"--strategy", "dflash", "--block", dir("tools/block/dflash/config.json")},
+      {"--strategy", "dspark", "--block", dir("tools/block/dspark/config.json"),
+       "--block-confidence", "0.2"},
       {"--strategy", "lookahead"},
       {"--strategy", "jacobi"},
       {"--strategy", "layer-skip", "--skip-layers", "2"},

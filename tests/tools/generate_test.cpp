@@ -68,7 +68,8 @@ std::vector<std::string> valid_value(generate::option_spec const& o) {
 }
 
 // "--strategy NAME" and the strategy's required options, with valid values (--heads: the heads
-// trained for the fixture, tools/heads/<strategy>; --eagle: tools/eagle/eagle3).
+// trained for the fixture, tools/heads/<strategy>; --eagle: tools/eagle/eagle3; --block:
+// tools/block/dspark).
 std::vector<std::string> strategy_args(generate::strategy const& s) {
   std::vector<std::string> args = {"--strategy", std::string(s.name)};
   for (generate::option_spec const* o : s.options) {
@@ -77,6 +78,11 @@ std::vector<std::string> strategy_args(generate::strategy const& s) {
     if (o->flag == "--eagle") {
       args.push_back(
           test_support::source_file("tools/eagle/eagle3/config.json").parent_path().string());
+      continue;
+    }
+    if (o->flag == "--block") {
+      args.push_back(
+          test_support::source_file("tools/block/dspark/config.json").parent_path().string());
       continue;
     }
     if (o->flag == "--heads") {
@@ -869,6 +875,66 @@ TEST_CASE("generate: eagle reads its head, its trees and their options") {
       test_support::source_file("tools/heads/medusa/config.json").parent_path().string();
   check_error(once({"--strategy", "eagle", "--eagle", medusa}), 1,
               "medusa/config.json: missing \"intermediate_size\"");
+}
+
+TEST_CASE("generate: dflash and dspark read their drafter and their options") {
+  auto const stats = [](json const& j) { return j.at("stats"); };
+  std::string const dflash =
+      test_support::source_file("tools/block/dflash/config.json").parent_path().string();
+  std::string const dspark =
+      test_support::source_file("tools/block/dspark/config.json").parent_path().string();
+  // Chains of the block's 7 drafts; greedy output is greedy decoding's.
+  json const a = gen_json(once({"--strategy", "dflash", "--block", dflash, "-n", "64"}));
+  CHECK(str(a.at("description")) ==
+        "DFlash block drafter (2 layers, block of 8, target layers 0 2 4), chain of 7");
+  CHECK(str(a.at("verifier")) == "greedy");
+  CHECK(num(stats(a).at("max_tree_size")) <= 8);
+  CHECK(tokens_of(a) == reference_continuation(64));
+  CHECK(num(stats(a).at("mean_accepted_length")) > 1.5);
+  json const b = gen_json(once({"--strategy", "dspark", "--block", dspark, "--block-length", "5",
+                                "--block-confidence", "0.2", "-n", "48"}));
+  CHECK(str(b.at("description")) ==
+        "DSpark block drafter (2 layers, block of 8, target layers 0 "
+        "2 4), chain of 5, confidence cutoff 0.200");
+  CHECK(num(stats(b).at("max_tree_size")) <= 6);
+  CHECK(tokens_of(b) == reference_continuation(48));
+  // DDTree's trees: greedy output is greedy decoding's; under sampling the tree verifier.
+  json const t =
+      gen_json(once({"--strategy", "dspark", "--block", dspark, "--block-tree", "16", "-n", "48"}));
+  CHECK(str(t.at("description")) ==
+        "DSpark block drafter (2 layers, block of 8, target layers 0 "
+        "2 4), DDTree of 16 nodes, depth 7");
+  CHECK(num(stats(t).at("max_tree_size")) <= 17);
+  CHECK(tokens_of(t) == reference_continuation(48));
+  json const ts = gen_json(once({"--strategy", "dflash", "--block", dflash, "--block-tree", "8",
+                                 "--temp", "1", "--seed", "5", "-n", "24"}));
+  CHECK(str(ts.at("verifier")) == "tree (point masses)");
+  CHECK(tokens_of(ts).size() == 24);
+  // A DSpark drafter runs as DFlash (its body alone); sampling: speculative sampling.
+  json const c = gen_json(once({"--strategy", "dflash", "--block", dspark, "-n", "16"}));
+  CHECK(tokens_of(c) == reference_continuation(16));
+  json const sampled = gen_json(once({"--strategy", "dspark", "--block", dspark, "--temp", "1",
+                                      "--top-p", "0.9", "--seed", "3", "-n", "32"}));
+  CHECK(str(sampled.at("verifier")) == "speculative sampling");
+  CHECK(tokens_of(sampled).size() == 32);
+
+  check_error(once({"--strategy", "dflash"}), 2, "--block DIR");
+  check_error(once({"--strategy", "dflash", "--block", "/nonexistent/drafter"}), 2,
+              "--block: no such directory '/nonexistent/drafter'");
+  check_error(once({"--strategy", "dspark", "--block", dflash}), 2,
+              "has no Markov and confidence heads");
+  check_error(once({"--strategy", "dflash", "--block", dflash, "--block-confidence", "0.5"}), 2,
+              "--block-confidence");
+  check_error(once({"--strategy", "dspark", "--block", dspark, "--block-tree", "8",
+                    "--block-confidence", "0.5"}),
+              2, "--block-tree (a tree of the most probable paths) excludes --block-confidence");
+  check_error(once({"--strategy", "dflash", "--block", dflash, "--block-length", "8"}), 1,
+              "length 8 exceeds the drafter's 7 drafts per block");
+  // Not a block drafter: a run-time error naming the file.
+  std::string const eagle =
+      test_support::source_file("tools/eagle/eagle3/config.json").parent_path().string();
+  check_error(once({"--strategy", "dflash", "--block", eagle}), 1,
+              "eagle3/config.json: missing \"block_size\"");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

@@ -614,6 +614,34 @@ int run_batch(batch_session const& s) {
     });
     return with_verifier(proposer, drafting.description + ", per request");
   }
+  if (s.chosen.name == "dflash" || s.chosen.name == "dspark") {
+    // Each request's proposer owns a runner of the one drafter (the runner keeps the request's
+    // context rows).
+    bool const dspark = s.chosen.name == "dspark";
+    auto const drafter = load_block(v, s.weights, s.access, dspark);
+    sd::block_config const c = block_config_of(v, dspark);
+    bool const tree = v.given(opt::block_tree);
+    std::string const description = block_description(*drafter, c, dspark, tree) + ", per request";
+    sd::cpu_block_drafter_options const options{
+        .threads = s.model_options.threads, .pool = s.model_options.pool, .max_context = context};
+    auto const with_mode = [&]<sd::draft_mode M, sd::block_shape Shape>() {
+      using block_type = sd::block_proposer<sd::cpu_block_drafter, sd::sampler, M, Shape>;
+      using proposer_type = sd::owning_proposer<sd::cpu_block_drafter, block_type>;
+      sd::per_request_proposer<proposer_type> proposer([&] {
+        return proposer_type(
+            std::make_unique<sd::cpu_block_drafter>(drafter, options),
+            [&](sd::cpu_block_drafter& r) { return block_type(r, sd::sampler(s.params), c); });
+      });
+      if constexpr (Shape == sd::block_shape::tree)
+        return with_verifier(proposer, description);
+      else
+        return with_speculation(proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
+    };
+    if (tree) return with_mode.template operator()<sd::draft_mode::greedy, sd::block_shape::tree>();
+    if (greedy)
+      return with_mode.template operator()<sd::draft_mode::greedy, sd::block_shape::chain>();
+    return with_mode.template operator()<sd::draft_mode::sample, sd::block_shape::chain>();
+  }
   throw usage_error("--strategy " + std::string(s.chosen.name) + " cannot serve --prompts");
 }
 

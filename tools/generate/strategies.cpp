@@ -157,4 +157,36 @@ run_output run_eagle(session& s) {
   return run_candidates(s, proposer, drafting.description);
 }
 
+namespace {
+
+run_output run_block(session& s, bool dspark) {
+  auto const drafter = load_block(s.values, s.weights, s.access, dspark);
+  sd::cpu_block_drafter runner(drafter, {.threads = s.model_options.threads,
+                                         .pool = s.model_options.pool,
+                                         .max_context = s.target.max_context()});
+  sd::block_config const c = block_config_of(s.values, dspark);
+  bool const tree = s.values.given(opt::block_tree);
+  std::string const description = block_description(*drafter, c, dspark, tree);
+  if (tree) {  // DDTree: greedy candidates
+    sd::block_proposer<sd::cpu_block_drafter, cli_policy, sd::draft_mode::greedy,
+                       sd::block_shape::tree>
+        proposer(runner, s.policy, c);
+    return run_candidates(s, proposer, description);
+  }
+  return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
+    // The drafts' rows under the session's (constrained) policy: drafts and q rows are masked.
+    sd::block_proposer<sd::cpu_block_drafter, cli_policy, M> proposer(runner, s.policy, c);
+    return run_speculative(s, proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
+  });
+}
+
+}  // namespace
+
+run_output run_dflash(session& s) {
+  return run_block(s, false);
+}
+run_output run_dspark(session& s) {
+  return run_block(s, true);
+}
+
 }  // namespace generate

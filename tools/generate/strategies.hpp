@@ -48,6 +48,7 @@
 
 #include "generate/models.hpp"
 #include "generate/option.hpp"
+#include "specdec/backend/cpu/block_drafter.hpp"
 #include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
@@ -58,6 +59,7 @@
 #include "specdec/decode/common.hpp"
 #include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/block_drafter_file.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/eagle_file.hpp"
 #include "specdec/model/heads.hpp"
@@ -66,6 +68,7 @@
 #include "specdec/model/load.hpp"
 #include "specdec/model/mapped_file.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/block.hpp"
 #include "specdec/propose/constrained.hpp"
 #include "specdec/propose/cross_vocabulary.hpp"
 #include "specdec/propose/draft_model.hpp"
@@ -656,6 +659,46 @@ inline constexpr option_spec write_tree{.flag = "--write-tree",
                                         .help = "write the tree used to FILE (tree.json format)",
                                         .non_empty = true};
 
+//! dflash, dspark: the drafter's directory.
+inline constexpr option_spec block{
+    .flag = "--block",
+    .value_name = "DIR",
+    .kind = value_kind::text,
+    .help =
+        "the block drafter: a directory with config.json and model.safetensors "
+        "(tools/block/README.md)",
+    .required = true,
+    .non_empty = true};
+//! dflash, dspark: drafts per step.
+inline constexpr option_spec block_length{
+    .flag = "--block-length",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help = "drafts per step, at most the drafter's block size - 1",
+    .default_text = "the block size - 1",
+    .count_lo = 1,
+    .count_hi = 63};
+//! dflash, dspark: DDTree's trees instead of chains.
+inline constexpr option_spec block_tree{
+    .flag = "--block-tree",
+    .value_name = "N",
+    .kind = value_kind::count,
+    .help =
+        "draft DDTree's tree of the N most probable paths through the block instead of a chain "
+        "(verified greedily, or by the tree verifier under sampling)",
+    .count_lo = 1,
+    .count_hi = 4095};
+//! dspark: the confidence cutoff.
+inline constexpr option_spec block_confidence{
+    .flag = "--block-confidence",
+    .value_name = "P",
+    .kind = value_kind::real,
+    .help =
+        "stop drafting before the first draft at which the product of the confidence head's "
+        "estimates falls below P (0 = off)",
+    .real_lo = 0.0f,
+    .real_hi = 1.0f};
+
 //! eagle: the head's directory.
 inline constexpr option_spec eagle{
     .flag = "--eagle",
@@ -775,6 +818,14 @@ inline void check_heads(option_values const& v) {
     if (!std::filesystem::is_regular_file(*tree, ec))
       throw usage_error("--tree: no such file '" + *tree + "'");
   }
+}
+
+//! dspark: the confidence cutoff cuts chains, not DDTree's trees.
+inline void check_block(option_values const& v) {
+  if (v.given(opt::block_tree) && v.given(opt::block_confidence))
+    throw usage_error(
+        "--block-tree (a tree of the most probable paths) excludes "
+        "--block-confidence (a cutoff of chains)");
 }
 
 //! eagle: a static tree (--tree) excludes the dynamic tree's options, and names a file.
@@ -1194,6 +1245,55 @@ inline eagle_drafting eagle_drafting_of(option_values const& v, sd::eagle_weight
 
 run_output run_eagle(session& s);
 
+//! dflash, dspark: a block drafter reads the target's features and drafts a chain in one forward.
+//! The --block drafter, loaded for `weights` (the directory checked; dspark needs the DSpark
+//! heads).
+inline std::shared_ptr<sd::block_drafter_weights const> load_block(
+    option_values const& v, std::shared_ptr<sd::llama_weights const> const& weights,
+    sd::file_access access, bool dspark) {
+  std::filesystem::path const dir = *v.text(opt::block);
+  if (!std::filesystem::is_directory(dir))
+    throw usage_error("--block: no such directory '" + dir.string() + "'");
+  auto w = std::make_shared<sd::block_drafter_weights const>(
+      sd::load_block_drafter(dir, weights, access));
+  if (dspark && !w->config.dspark)
+    throw usage_error("--strategy dspark: the drafter in '" + dir.string() +
+                      "' has no Markov and confidence heads (a DFlash drafter: --strategy dflash)");
+  return w;
+}
+
+//! The proposer options of a dflash (`dspark` false: a DSpark drafter drafts as its DFlash body)
+//! or dspark run, and its description.
+inline sd::block_config block_config_of(option_values const& v, bool dspark) {
+  return {.length = v.given(opt::block_length)
+                        ? static_cast<std::size_t>(v.count(opt::block_length))
+                        : std::size_t{0},
+          .nodes = v.given(opt::block_tree) ? static_cast<std::size_t>(v.count(opt::block_tree))
+                                            : std::size_t{32},
+          .markov = dspark,
+          .confidence_threshold = v.given(opt::block_confidence)
+                                      ? static_cast<float>(v.real(opt::block_confidence))
+                                      : 0.0f};
+}
+inline std::string block_description(sd::block_drafter_weights const& w, sd::block_config const& c,
+                                     bool dspark, bool tree) {
+  std::string d = std::string(dspark ? "DSpark" : "DFlash") + " block drafter (" +
+                  std::to_string(w.config.num_layers) + " layers, block of " +
+                  std::to_string(w.config.block_size) + ", target layers";
+  for (std::int32_t l : w.config.target_layers) d += " " + std::to_string(l);
+  std::size_t const length = c.length == 0 ? w.drafts() : c.length;
+  if (tree)
+    d += "), DDTree of " + std::to_string(c.nodes) + " nodes, depth " + std::to_string(length);
+  else
+    d += "), chain of " + std::to_string(length);
+  if (dspark && c.confidence_threshold > 0.0f)
+    d += ", confidence cutoff " + std::to_string(c.confidence_threshold).substr(0, 5);
+  return d;
+}
+
+run_output run_dflash(session& s);
+run_output run_dspark(session& s);
+
 // ---------------------------------------------------------------------------------------------
 // The table.
 
@@ -1232,6 +1332,9 @@ inline constexpr option_spec const* heads[] = {&opt::heads, &opt::tree, &opt::tr
                                                &opt::write_tree};
 inline constexpr option_spec const* eagle[] = {&opt::eagle, &opt::eagle_depth, &opt::eagle_topk,
                                                &opt::eagle_nodes, &opt::eagle_tree};
+inline constexpr option_spec const* dflash[] = {&opt::block, &opt::block_length, &opt::block_tree};
+inline constexpr option_spec const* dspark[] = {&opt::block, &opt::block_length, &opt::block_tree,
+                                                &opt::block_confidence};
 }  // namespace strategy_options
 
 //! Every strategy, in --help order.
@@ -1296,6 +1399,16 @@ inline constexpr strategy strategies[] = {
      .options = strategy_options::eagle,
      .check = check_eagle,
      .run = run_eagle},
+    {.name = "dflash",
+     .help = "a block drafter on the target's features drafts a chain in one forward (DFlash)",
+     .options = strategy_options::dflash,
+     .run = run_dflash},
+    {.name = "dspark",
+     .help = "a block drafter with a Markov head (drafts read the earlier drafts) and a "
+             "confidence head that cuts the chain (DSpark)",
+     .options = strategy_options::dspark,
+     .check = check_block,
+     .run = run_dspark},
 };
 
 //! The strategy called `name`, or null.
