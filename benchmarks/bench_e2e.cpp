@@ -40,7 +40,12 @@
 //    cost per step (the proposer's step: 3 pairs appended and the tree drafted) / one decode step,
 //    and the predicted speedup from the fixture heads' acceptance with the same tree.
 //    The fixture rows of 1 include EAGLE-2 (the EAGLE-1 head) and EAGLE-3 with the trained heads
-//    (tools/eagle) and their 32-node dynamic trees.
+//    (tools/eagle) and their 32-node dynamic trees. EAGLE-3 chains of 7 (D7 K1) are the yardstick
+//    of the block drafters (5).
+// 5. Block drafters at the stories110M shape: random-weight DFlash and DSpark drafters of the
+//    fixture drafter's depth (2 layers, blocks of 8) drafting a chain of 7 in one block forward,
+//    or DDTree's tree of 32 nodes, timed as in 4; the acceptance is the trained fixture
+//    drafter's (tools/block).
 //
 // After the benchmarks a summary table is printed with the bars: library overhead <= 5% of step
 // time, measured speedup within 10% of the prediction, speedup >= 2.5x at acceptance 0.9, the
@@ -52,7 +57,7 @@
 // (controlled baseline / speculative run pairs; default 3).
 //
 // Run (Release): build/<dir>/benchmarks/bench_e2e
-//   [--benchmark_filter=fixture|controlled|heads|eagle]
+//   [--benchmark_filter=fixture|controlled|heads|eagle|block]
 
 #include <benchmark/benchmark.h>
 
@@ -76,6 +81,7 @@
 
 #include "e2e_support.hpp"
 #include "jsonl.hpp"
+#include "specdec/backend/cpu/block_drafter.hpp"
 #include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
@@ -86,6 +92,8 @@
 #include "specdec/decode/autoregressive.hpp"
 #include "specdec/decode/speculation.hpp"
 #include "specdec/decode/speculative_decoder.hpp"
+#include "specdec/model/block_drafter.hpp"
+#include "specdec/model/block_drafter_file.hpp"
 #include "specdec/model/eagle.hpp"
 #include "specdec/model/eagle_file.hpp"
 #include "specdec/model/heads.hpp"
@@ -93,6 +101,7 @@
 #include "specdec/model/load.hpp"
 #include "specdec/model/random.hpp"
 #include "specdec/model/tokenizer.hpp"
+#include "specdec/propose/block.hpp"
 #include "specdec/propose/draft_model.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
@@ -1010,6 +1019,107 @@ void bench_eagle_cost(benchmark::State& state, bool eagle3, std::size_t draft_vo
   eagle_cost_rows.push_back(row);
 }
 
+//! tools/block/<kind> next to the benchmarks (the block drafters trained for the fixture).
+fs::path block_dir(char const* kind) {
+  return fs::path(__FILE__).parent_path().parent_path() / "tools" / "block" / kind;
+}
+
+//! Block drafters at the stories110M shape: a random-weight drafter of the fixture drafter's
+//! depth (2 layers of the target's shape, blocks of 8, features of three target layers; DSpark's
+//! heads of rank 32) drafting a chain of 7 or DDTree's tree of `nodes`, timed as the EAGLE heads
+//! above (the proposer step appends the context rows of the last 3 committed tokens and runs one
+//! block). The acceptance is the trained fixture drafter's (greedy, same shape of draft).
+template <sd::block_shape Shape>
+void bench_block_cost(benchmark::State& state, bool dspark, std::size_t nodes) {
+  fixture const& f = fixture::get();
+  auto const& config = stories110m()->config;
+  std::size_t const threads = bench_threads();
+  sd::cpu_llama model(stories110m(), sd::cpu_llama_options{.threads = threads});
+  sd::block_config const bc{.nodes = nodes};
+  using proposer_type =
+      sd::block_proposer<sd::cpu_block_drafter, sd::greedy, sd::draft_mode::greedy, Shape>;
+  heads_cost_row row;
+  for (auto _ : state) {
+    fs::path const trained_dir = block_dir(dspark ? "dspark" : "dflash");
+    double acceptance = 0.0;  // without the trained drafter: no prediction
+    if (fs::exists(trained_dir / sd::block_drafter_weights_file)) {
+      sd::cpu_block_drafter trained(std::make_shared<sd::block_drafter_weights const>(
+          sd::load_block_drafter(trained_dir, f.weights)));
+      proposer_type fixture_proposer(trained, sd::greedy{}, bc);
+      acceptance = fixture_acceptance(fixture_proposer, fixture_proposer.max_nodes());
+    }
+    auto const n = config.n_layers;
+    auto const weights = std::make_shared<sd::block_drafter_weights const>(
+        sd::make_random_block_drafter(stories110m(), 2, static_cast<std::size_t>(config.n_heads),
+                                      static_cast<std::size_t>(config.n_kv_heads),
+                                      static_cast<std::size_t>(config.hidden_dim), 8,
+                                      {2, n / 2, n - 3}, dspark ? 32 : 0, 7, 0.02f));
+    sd::cpu_block_drafter drafter(weights, {.threads = threads});
+    proposer_type proposer(drafter, sd::greedy{}, bc);
+
+    // A sequence of 96 tokens in the target's cache and its features.
+    constexpr std::size_t base = 96, fresh = 3;
+    std::vector<sd::token_id> seq(base + 1);
+    for (std::size_t i = 0; i < seq.size(); ++i)
+      seq[i] = static_cast<sd::token_id>((i * 7919 + 13) % model.vocab_size());
+    std::vector<sd::position_t> positions(base);
+    for (std::size_t i = 0; i < base; ++i) positions[i] = static_cast<sd::position_t>(i);
+    sd::forward_result out;
+    model.cache().truncate(0);
+    sd::forward_request req{.tokens = std::span<sd::token_id const>(seq).first(base),
+                            .positions = positions};
+    req.hidden_layers = weights->config.target_layers;
+    model.forward(req, out);
+    sd::matrix_view<float const> const features = out.layer_hidden_view();
+    std::vector<float> const rows(features.data(), features.data() + base * features.cols());
+    sd::propose_context ctx;
+    ctx.tokens = seq;
+    ctx.max_nodes = proposer.max_nodes();
+    proposer.begin(seq);
+    ctx.target_hidden = sd::matrix_view<float const>(rows.data(), base, features.cols());
+    sd::draft_tree tree(proposer.max_nodes() + 1);
+    proposer.propose(ctx, tree);
+    // Each timed step: the last `fresh` context rows appended again, then the block drafted.
+    ctx.target_hidden = sd::matrix_view<float const>(rows.data() + (base - fresh) * features.cols(),
+                                                     fresh, features.cols());
+    std::vector<sd::position_t> tree_positions(tree.size());
+    for (std::size_t i = 0; i < tree.size(); ++i)
+      tree_positions[i] =
+          static_cast<sd::position_t>(base) + tree.depth(static_cast<sd::node_index>(i));
+    sd::forward_request const tree_req{.tokens = tree.tokens(),
+                                       .positions = tree_positions,
+                                       .mask = tree.mask(),
+                                       .mask_stride = tree.mask_stride()};
+    sd::forward_request const single_req{.tokens = tree.tokens().first(1),
+                                         .positions = std::span(tree_positions).first(1)};
+    std::vector<double> t_step, t_tree, t_propose;
+    sd::draft_tree scratch(proposer.max_nodes() + 1);
+    for (int i = 0; i < 15; ++i) {
+      t_step.push_back(seconds_of([&] { model.forward(single_req, out); }));
+      model.cache().truncate(base);
+      t_tree.push_back(seconds_of([&] { model.forward(tree_req, out); }));
+      model.cache().truncate(base);
+      t_propose.push_back(seconds_of([&] { proposer.propose(ctx, scratch); }));
+    }
+    row.nodes = tree.num_drafted();
+    row.t_step = median(t_step);
+    row.t_tree = median(t_tree);
+    row.t_propose = median(t_propose);
+    row.acceptance = acceptance;
+  }
+  row.name = std::string(dspark ? "DSpark" : "DFlash") + ", 2 layers, " +
+             (Shape == sd::block_shape::tree ? "DDTree N" + std::to_string(nodes) : "chain 7");
+  state.counters["nodes"] = static_cast<double>(row.nodes);
+  state.counters["T_step_ms"] = 1e3 * row.t_step;
+  state.counters["T_tree_ms"] = 1e3 * row.t_tree;
+  state.counters["T_propose_ms"] = 1e3 * row.t_propose;
+  state.counters["propose_per_step"] = row.t_propose / row.t_step;
+  state.counters["cost_ratio"] = row.ratio();
+  state.counters["mean_acc_len"] = row.acceptance;
+  state.counters["predicted_speedup"] = row.predicted();
+  eagle_cost_rows.push_back(row);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The summary.
 
@@ -1091,14 +1201,17 @@ void print_summary() {
   }
   if (!eagle_cost_rows.empty()) {
     std::printf(
-        "\nEAGLE heads at the stories110M shape (random weights: one layer of the target's shape), "
-        "%zu threads; dynamic trees\n(depth D, top-K, the nodes shown); medians of 15 alternating "
+        "\nEAGLE heads and block drafters at the stories110M shape (random weights: EAGLE one "
+        "layer "
+        "of the target's shape,\nblock drafters two), %zu threads; EAGLE's dynamic trees (depth D, "
+        "top-K, the nodes shown; K1 = a chain), block\ndrafters' chains of 7 and DDTree trees; "
+        "medians of 15 alternating "
         "timings in the middle of a sequence, the proposer step\nappending 3 pairs and drafting. "
         "draft = proposer step / decode step (bar: <= 0.5); cost = (scoring + proposing) /\n"
         "decode step; acc.len = mean accepted length of the trained fixture head with the same "
         "tree; predicted = acc.len x\ndecode step / (scoring + proposing).\n\n",
         bench_threads());
-    std::printf("%-36s %6s %9s %9s %11s %7s %7s %7s %8s %10s\n", "head", "nodes", "step ms",
+    std::printf("%-36s %6s %9s %9s %11s %7s %7s %7s %8s %10s\n", "drafter", "nodes", "step ms",
                 "tree ms", "propose ms", "draft", "<= 0.5", "cost", "acc.len", "predicted");
     for (heads_cost_row const& r : eagle_cost_rows)
       std::printf("%-36s %6zu %9.2f %9.2f %11.2f %6.2fx %7s %6.2fx %8.3f %9.2fx\n", r.name.c_str(),
@@ -1196,7 +1309,8 @@ int main(int argc, char** argv) {
   for (eagle_case const c :
        {eagle_case{false, 32000, {8, 6, 32}}, eagle_case{true, 8192, {8, 6, 32}},
         eagle_case{true, 8192, {4, 4, 16}}, eagle_case{true, 8192, {3, 8, 16}},
-        eagle_case{true, 8192, {3, 4, 8}}}) {
+        eagle_case{true, 8192, {3, 4, 8}}, eagle_case{true, 8192, {7, 1, 7}},
+        eagle_case{true, 32000, {7, 1, 7}}}) {
     std::string const name = std::string("eagle/") + (c.eagle3 ? "eagle3_vocab" : "eagle1_vocab") +
                              std::to_string(c.draft_vocab) + "/D" + std::to_string(c.tree.depth) +
                              "_K" + std::to_string(c.tree.top_k) + "_N" +
@@ -1204,6 +1318,19 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(
         name.c_str(),
         [c](benchmark::State& s) { bench_eagle_cost(s, c.eagle3, c.draft_vocab, c.tree); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (bool const dspark : {false, true}) {
+    std::string const kind = dspark ? "dspark" : "dflash";
+    benchmark::RegisterBenchmark(
+        ("block/" + kind + "/chain7").c_str(),
+        [dspark](benchmark::State& s) { bench_block_cost<sd::block_shape::chain>(s, dspark, 32); })
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(
+        ("block/" + kind + "/ddtree32").c_str(),
+        [dspark](benchmark::State& s) { bench_block_cost<sd::block_shape::tree>(s, dspark, 32); })
         ->Iterations(1)
         ->Unit(benchmark::kMillisecond);
   }

@@ -75,6 +75,15 @@ inline std::shared_ptr<specdec::llama_weights const> const& same_vocab_draft() {
   return weights;
 }
 
+// The parallel draft model (PARD) trained for the fixture (tools/draft/pard/stories_pard.bin, mask
+// id 0), loaded once per process.
+inline std::shared_ptr<specdec::llama_weights const> const& pard_draft() {
+  static std::shared_ptr<specdec::llama_weights const> const weights =
+      std::make_shared<specdec::llama_weights const>(
+          specdec::load_model(test_support::source_file("tools/draft/pard/stories_pard.bin")));
+  return weights;
+}
+
 // A tiny random-weight draft with the fixture's vocabulary (acceptance near zero, which exercises
 // rejection and rollback on every step).
 inline std::shared_ptr<specdec::llama_weights const> random_draft() {

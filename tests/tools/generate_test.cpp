@@ -937,4 +937,30 @@ TEST_CASE("generate: dflash and dspark read their drafter and their options") {
               "eagle3/config.json: missing \"block_size\"");
 }
 
+TEST_CASE("generate: pard drafts a chain from one forward of a mask-trained draft") {
+  auto const stats = [](json const& j) { return j.at("stats"); };
+  std::string const pard = test_support::source_file("tools/draft/pard/stories_pard.bin").string();
+  // --draft and --mask-token choose pard without --strategy.
+  json const a = gen_json(once({"--draft", pard, "--mask-token", "0", "-k", "6", "-n", "48"}));
+  CHECK(str(a.at("description")) ==
+        "parallel draft model (PARD), k = 6 from one forward, mask "
+        "token 0");
+  CHECK(str(a.at("verifier")) == "greedy");
+  CHECK(num(stats(a).at("max_tree_size")) <= 7);
+  CHECK(tokens_of(a) == reference_continuation(48));
+  CHECK(num(stats(a).at("mean_accepted_length")) > 1.3);
+  json const sampled = gen_json(once({"--strategy", "pard", "--draft", pard, "--mask-token", "0",
+                                      "--temp", "1", "--seed", "2", "-n", "24"}));
+  CHECK(str(sampled.at("verifier")) == "speculative sampling");
+  CHECK(tokens_of(sampled).size() == 24);
+  check_error(once({"--strategy", "pard", "--draft", pard}), 2, "--mask-token ID");
+  check_error(once({"--strategy", "pard", "--draft", pard, "--mask-token", "512"}), 1,
+              "mask token 512 is outside the vocabulary of 512");
+  check_error(
+      once({"--strategy", "pard", "--draft",
+            test_support::source_file("tools/draft/cross/stories_draft_tok1024.bin").string(),
+            "--mask-token", "0"}),
+      1, "a draft of 1024 tokens for a target of 512");
+}
+
 #endif  // SPECDEC_GENERATE_PATH

@@ -614,6 +614,39 @@ int run_batch(batch_session const& s) {
     });
     return with_verifier(proposer, drafting.description + ", per request");
   }
+  if (s.chosen.name == "pard") {
+    // Each request's proposer owns a draft model of the one set of weights (its cache holds the
+    // request's committed tokens).
+    auto const draft_weights = std::make_shared<sd::llama_weights const>(
+        sd::load_model(*v.text(opt::draft_model), s.access));
+    sd::cpu_llama_options options = s.model_options;
+    if (v.given(opt::draft_threads)) {
+      options.threads = static_cast<std::size_t>(v.count(opt::draft_threads));
+      options.pool = nullptr;
+    }
+    options.max_context = v.given(opt::draft_context)
+                              ? static_cast<std::size_t>(v.count(opt::draft_context))
+                              : context;
+    sd::parallel_draft_config const c{
+        .k = static_cast<std::size_t>(v.count(opt::chain_length)),
+        .mask_token = static_cast<sd::token_id>(v.count(opt::mask_token))};
+    std::string const description = "parallel draft model (PARD), k = " + std::to_string(c.k) +
+                                    " from one forward, mask token " +
+                                    std::to_string(c.mask_token) + ", per request";
+    auto const vocab = static_cast<std::size_t>(s.weights->config.vocab_size);
+    auto const with_mode = [&]<sd::draft_mode M>() {
+      using pard_type = sd::parallel_draft_proposer<sd::cpu_llama, sd::sampler, M>;
+      using proposer_type = sd::owning_proposer<sd::cpu_llama, pard_type>;
+      sd::per_request_proposer<proposer_type> proposer([&] {
+        return proposer_type(
+            std::make_unique<sd::cpu_llama>(draft_weights, options),
+            [&](sd::cpu_llama& m) { return pard_type(m, vocab, sd::sampler(s.params), c); });
+      });
+      return with_speculation(proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
+    };
+    if (greedy) return with_mode.template operator()<sd::draft_mode::greedy>();
+    return with_mode.template operator()<sd::draft_mode::sample>();
+  }
   if (s.chosen.name == "dflash" || s.chosen.name == "dspark") {
     // Each request's proposer owns a runner of the one drafter (the runner keeps the request's
     // context rows).

@@ -408,30 +408,41 @@ inline std::vector<option_spec const*> all_options() {
   return all;
 }
 
-//! The default strategy: the first whose required options are all given (draft with --draft,
-//! rest with --datastore), else `fallback_strategy`.
+//! The default strategy: of those whose required options are all given (draft with --draft, pard
+//! with --draft and --mask-token, rest with --datastore), the one that requires the most, the
+//! first on a tie; else `fallback_strategy`.
 inline generate::strategy const& default_strategy(
     std::map<std::string_view, std::vector<std::string>> const& raw) {
+  generate::strategy const* best = nullptr;
+  std::size_t best_count = 0;
   for (generate::strategy const& s : strategies) {
-    bool any = false, all = true;
+    std::size_t count = 0;
+    bool all = true;
     for (option_spec const* o : s.options) {
       if (!o->required) continue;
-      any = true;
+      ++count;
       all = all && raw.contains(o->flag);
     }
-    if (any && all) return s;
+    if (count > 0 && all && count > best_count) {
+      best = &s;
+      best_count = count;
+    }
   }
-  return *find_strategy(fallback_strategy);
+  return best != nullptr ? *best : *find_strategy(fallback_strategy);
 }
 
 //! "draft with --draft, rest with --datastore, else prompt-lookup": the default strategy in words.
 inline std::string default_strategy_text() {
   std::string text;
+  std::vector<std::string> listed;  // required options already named (the first strategy wins)
   for (generate::strategy const& s : strategies) {
     std::string required;
     for (option_spec const* o : s.options)
       if (o->required) required += (required.empty() ? "" : " and ") + std::string(o->flag);
-    if (!required.empty()) text += std::string(s.name) + " with " + required + ", ";
+    if (required.empty() || std::find(listed.begin(), listed.end(), required) != listed.end())
+      continue;
+    listed.push_back(required);
+    text += std::string(s.name) + " with " + required + ", ";
   }
   return text + "else " + std::string(fallback_strategy);
 }

@@ -157,6 +157,30 @@ run_output run_eagle(session& s) {
   return run_candidates(s, proposer, drafting.description);
 }
 
+run_output run_pard(session& s) {
+  auto const weights = std::make_shared<sd::llama_weights const>(
+      sd::load_model(*s.values.text(opt::draft_model), s.access));
+  sd::cpu_llama_options options = s.model_options;
+  if (s.values.given(opt::draft_threads)) {
+    options.threads = static_cast<std::size_t>(s.values.count(opt::draft_threads));
+    options.pool = nullptr;
+  }
+  if (s.values.given(opt::draft_context))
+    options.max_context = static_cast<std::size_t>(s.values.count(opt::draft_context));
+  lm draft = make_lm(s, weights, options);
+  sd::parallel_draft_config const c{
+      .k = static_cast<std::size_t>(s.values.count(opt::chain_length)),
+      .mask_token = static_cast<sd::token_id>(s.values.count(opt::mask_token))};
+  std::string const description = "parallel draft model (PARD), k = " + std::to_string(c.k) +
+                                  " from one forward, mask token " + std::to_string(c.mask_token);
+  return with_draft_mode(s, [&]<sd::draft_mode M>(std::integral_constant<sd::draft_mode, M>) {
+    // The draft's rows under the same constrained policy: its drafts (and q rows) are masked.
+    sd::parallel_draft_proposer<lm, cli_policy, M> proposer(draft, s.target.vocab_size(), s.policy,
+                                                            c);
+    return run_speculative(s, proposer, chain_verifier<M>{}, description, chain_verifier_name<M>);
+  });
+}
+
 namespace {
 
 run_output run_block(session& s, bool dspark) {

@@ -78,6 +78,7 @@
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
 #include "specdec/propose/medusa.hpp"
+#include "specdec/propose/parallel_draft.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
 #include "specdec/propose/sparse_kv.hpp"
@@ -658,6 +659,17 @@ inline constexpr option_spec write_tree{.flag = "--write-tree",
                                         .kind = value_kind::text,
                                         .help = "write the tree used to FILE (tree.json format)",
                                         .non_empty = true};
+
+//! pard: the mask token of the parallel draft model.
+inline constexpr option_spec mask_token{
+    .flag = "--mask-token",
+    .value_name = "ID",
+    .kind = value_kind::count,
+    .help =
+        "the draft's mask token id (a token of the vocabulary the text never uses; "
+        "tools/draft/pard/stories_pard.bin: 0, tok512's <unk>)",
+    .count_hi = std::uint64_t{1} << 24,
+    .required = true};
 
 //! dflash, dspark: the drafter's directory.
 inline constexpr option_spec block{
@@ -1291,6 +1303,7 @@ inline std::string block_description(sd::block_drafter_weights const& w, sd::blo
   return d;
 }
 
+run_output run_pard(session& s);
 run_output run_dflash(session& s);
 run_output run_dspark(session& s);
 
@@ -1332,6 +1345,9 @@ inline constexpr option_spec const* heads[] = {&opt::heads, &opt::tree, &opt::tr
                                                &opt::write_tree};
 inline constexpr option_spec const* eagle[] = {&opt::eagle, &opt::eagle_depth, &opt::eagle_topk,
                                                &opt::eagle_nodes, &opt::eagle_tree};
+inline constexpr option_spec const* pard[] = {&opt::draft_model, &opt::mask_token,
+                                              &opt::chain_length, &opt::draft_threads,
+                                              &opt::draft_context};
 inline constexpr option_spec const* dflash[] = {&opt::block, &opt::block_length, &opt::block_tree};
 inline constexpr option_spec const* dspark[] = {&opt::block, &opt::block_length, &opt::block_tree,
                                                 &opt::block_confidence};
@@ -1399,6 +1415,10 @@ inline constexpr strategy strategies[] = {
      .options = strategy_options::eagle,
      .check = check_eagle,
      .run = run_eagle},
+    {.name = "pard",
+     .help = "a draft model trained to fill mask tokens drafts a chain of k in one forward (PARD)",
+     .options = strategy_options::pard,
+     .run = run_pard},
     {.name = "dflash",
      .help = "a block drafter on the target's features drafts a chain in one forward (DFlash)",
      .options = strategy_options::dflash,

@@ -25,9 +25,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "specdec/core/error.hpp"
 #include "specdec/core/types.hpp"
+#include "specdec/model/heads.hpp"
 #include "specdec/model/llama_weights.hpp"
 
 namespace specdec {
@@ -99,5 +102,86 @@ struct block_drafter_weights {
   //! Drafts per block: B - 1.
   [[nodiscard]] std::size_t drafts() const noexcept { return config.block_size - 1; }
 };
+
+//! A block drafter of random weights for `target` (benchmarks at real shapes, tests of shapes no
+//! trained file has): `layers` decoder layers of the target's width with `heads` query heads over
+//! `kv_heads`, an MLP of `intermediate`, blocks of `block` rows, the features of target layers
+//! `target_layers`; DSpark's heads of rank `markov_rank` when it is > 0. Every matrix and the
+//! mask embedding N(0, stddev^2), every norm weight 1. Deterministic in `seed`. Throws
+//! `errc::invalid_argument` for impossible shapes.
+[[nodiscard]] inline block_drafter_weights make_random_block_drafter(
+    std::shared_ptr<llama_weights const> target, std::size_t layers, std::size_t heads,
+    std::size_t kv_heads, std::size_t intermediate, std::size_t block,
+    std::vector<std::int32_t> target_layers, std::size_t markov_rank, std::uint64_t seed,
+    float stddev) {
+  SPECDEC_CHECK(
+      target != nullptr && target->token_embedding != nullptr && target->classifier != nullptr,
+      invalid_argument, "make_random_block_drafter: no target weights");
+  auto const dim = static_cast<std::size_t>(target->config.dim);
+  auto const vocab = static_cast<std::size_t>(target->config.vocab_size);
+  bool layers_ok = !target_layers.empty();
+  for (std::int32_t l : target_layers)
+    layers_ok = layers_ok && l >= 0 && l < target->config.n_layers;
+  SPECDEC_CHECK(layers >= 1 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 &&
+                    dim % heads == 0 && (dim / heads) % 2 == 0 && intermediate >= 1 && block >= 2 &&
+                    block <= 64 && layers_ok,
+                invalid_argument, "make_random_block_drafter: ", layers, " layers, ", heads,
+                " heads, ", kv_heads, " kv heads, intermediate ", intermediate, ", block ", block,
+                ", target layers outside the target's or none, for dim ", dim);
+  block_drafter_weights w;
+  block_drafter_config& c = w.config;
+  c.dspark = markov_rank > 0;
+  c.hidden_size = dim;
+  c.intermediate_size = intermediate;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = dim / heads;
+  c.num_layers = layers;
+  c.vocab_size = vocab;
+  c.block_size = block;
+  c.markov_rank = markov_rank;
+  c.rms_eps = target->config.rms_eps;
+  c.rope_theta = target->config.rope_theta;
+  c.rope_interleaved = true;
+  c.target_layers = std::move(target_layers);
+  w.dim = dim;
+  w.vocab = vocab;
+  w.target = target;
+  w.embedding = target->token_embedding;
+  w.classifier = target->classifier;
+  std::size_t const q = c.q_dim(), kv = c.kv_dim(), f = w.feature_width();
+  std::size_t const per_layer = (q + 2 * kv) * dim + dim * q + 3 * intermediate * dim;
+  std::size_t const floats = dim * f + dim + layers * per_layer +
+                             (c.dspark ? 2 * vocab * markov_rank + 2 * dim + block - 1 : 0);
+  detail::random_tensor_pool pool(floats, seed, stddev);
+  auto ones = std::make_shared<std::vector<float>>((3 + 2 * layers) * dim, 1.0f);
+  w.fc = pool.take(dim * f);
+  w.mask_embedding = pool.take(dim);
+  w.hidden_norm = ones->data();
+  w.norm = ones->data() + dim;
+  w.layers.resize(layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    block_drafter_layer& L = w.layers[l];
+    L.input_norm = ones->data() + (2 + 2 * l) * dim;
+    L.post_norm = ones->data() + (3 + 2 * l) * dim;
+    L.wq = pool.take(q * dim);
+    L.wk = pool.take(kv * dim);
+    L.wv = pool.take(kv * dim);
+    L.wo = pool.take(dim * q);
+    L.w1 = pool.take(intermediate * dim);
+    L.w3 = pool.take(intermediate * dim);
+    L.w2 = pool.take(dim * intermediate);
+  }
+  if (c.dspark) {
+    w.markov_in = pool.take(vocab * markov_rank);
+    w.markov_out = pool.take(vocab * markov_rank);
+    w.confidence = pool.take(2 * dim);
+    w.confidence_bias = pool.take(block - 1);
+  }
+  w.storage =
+      std::make_shared<std::pair<std::shared_ptr<void const>, std::shared_ptr<std::vector<float>>>>(
+          pool.storage(), std::move(ones));
+  return w;
+}
 
 }  // namespace specdec

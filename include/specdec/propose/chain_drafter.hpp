@@ -104,8 +104,9 @@ class chain_sequence {
 
   //! Cuts `cache` (the sequence's draft cache) and the tokens it holds back to the longest prefix
   //! they share with `tokens`, leaving at least the root to feed (so that the next forward yields
-  //! the row after the root). O(1) when the cache is a prefix of `tokens`, as it always is between
-  //! `accept` and `start`; a cache used or reset elsewhere is emptied.
+  //! the row after the root). The whole prefix is compared (a few microseconds for thousands of
+  //! tokens, far below a forward), so a history edited anywhere is noticed; a cache used or reset
+  //! elsewhere is emptied.
   template <class Cache>
   void sync(Cache& cache, std::span<token_id const> tokens) {
     std::size_t const t = tokens.size();
@@ -114,10 +115,12 @@ class chain_sequence {
       cached_.clear();
     }
     std::size_t const s = cached_.size();
-    if (s < t && (s == 0 || cached_[s - 1] == tokens[s - 1])) return;
     std::size_t const limit = std::min(s, t - 1);
-    std::size_t p = 0;
-    while (p < limit && cached_[p] == tokens[p]) ++p;
+    auto const first = cached_.begin();
+    std::size_t const p = static_cast<std::size_t>(
+        std::mismatch(first, first + static_cast<std::ptrdiff_t>(limit), tokens.begin()).first -
+        first);
+    if (p == s) return;  // the cache is a prefix of the history, the root not in it
     cache.truncate(p);
     cached_.resize(p);
   }
