@@ -65,6 +65,7 @@
 #include "specdec/propose/layer_skip.hpp"
 #include "specdec/propose/lookahead.hpp"
 #include "specdec/propose/medusa.hpp"
+#include "specdec/propose/parallel_draft.hpp"
 #include "specdec/propose/per_request.hpp"
 #include "specdec/propose/prompt_lookup.hpp"
 #include "specdec/propose/rest.hpp"
