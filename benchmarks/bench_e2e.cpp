@@ -918,6 +918,84 @@ void bench_heads_cost(benchmark::State& state, bool hydra, std::size_t layers, s
   heads_cost_rows.push_back(row);
 }
 
+//! The middle of a sequence at the stories110M shape: 96 tokens in `model`'s cache and the
+//! target's features of each (`layers`' residual streams, or the final hidden state when empty).
+struct sequence_features {
+  static constexpr std::size_t base = 96;  //!< tokens in the cache
+  static constexpr std::size_t fresh = 3;  //!< rows a timed proposer step appends again
+  std::vector<sd::token_id> tokens;        //!< [base + 1]: the cached tokens and the root
+  std::vector<float> rows;                 //!< [base, cols] the features
+  std::size_t cols = 0;
+
+  sequence_features(sd::cpu_llama& model, std::span<std::int32_t const> layers) : tokens(base + 1) {
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<sd::token_id>((i * 7919 + 13) % model.vocab_size());
+    std::vector<sd::position_t> positions(base);
+    for (std::size_t i = 0; i < base; ++i) positions[i] = static_cast<sd::position_t>(i);
+    sd::forward_result out;
+    model.cache().truncate(0);
+    sd::forward_request req{.tokens = std::span<sd::token_id const>(tokens).first(base),
+                            .positions = positions};
+    req.want_hidden = layers.empty();
+    req.hidden_layers = layers;
+    model.forward(req, out);
+    sd::matrix_view<float const> const f =
+        layers.empty() ? out.hidden_view() : out.layer_hidden_view();
+    rows.assign(f.data(), f.data() + base * f.cols());
+    cols = f.cols();
+  }
+  //! All rows (the first step), or the last `fresh` (each timed step).
+  [[nodiscard]] sd::matrix_view<float const> all() const {
+    return sd::matrix_view<float const>(rows.data(), base, cols);
+  }
+  [[nodiscard]] sd::matrix_view<float const> last() const {
+    return sd::matrix_view<float const>(rows.data() + (base - fresh) * cols, fresh, cols);
+  }
+};
+
+//! Times 15 alternating rounds of a decode step (the root alone), the scoring forward of `tree`
+//! above the 96 cached tokens and `propose_step()`, into `row`'s medians.
+template <class Step>
+void time_draft_step(sd::cpu_llama& model, sd::draft_tree const& tree, Step&& propose_step,
+                     heads_cost_row& row) {
+  constexpr std::size_t base = sequence_features::base;
+  std::vector<sd::position_t> tree_positions(tree.size());
+  for (std::size_t i = 0; i < tree.size(); ++i)
+    tree_positions[i] =
+        static_cast<sd::position_t>(base) + tree.depth(static_cast<sd::node_index>(i));
+  sd::forward_request const tree_req{.tokens = tree.tokens(),
+                                     .positions = tree_positions,
+                                     .mask = tree.mask(),
+                                     .mask_stride = tree.mask_stride()};
+  sd::forward_request const single_req{.tokens = tree.tokens().first(1),
+                                       .positions = std::span(tree_positions).first(1)};
+  sd::forward_result out;
+  std::vector<double> t_step, t_tree, t_propose;
+  for (int i = 0; i < 15; ++i) {
+    t_step.push_back(seconds_of([&] { model.forward(single_req, out); }));
+    model.cache().truncate(base);
+    t_tree.push_back(seconds_of([&] { model.forward(tree_req, out); }));
+    model.cache().truncate(base);
+    t_propose.push_back(seconds_of(propose_step));
+  }
+  row.nodes = tree.num_drafted();
+  row.t_step = median(t_step);
+  row.t_tree = median(t_tree);
+  row.t_propose = median(t_propose);
+}
+
+//! The counters of a drafter's cost row.
+void cost_counters(benchmark::State& state, heads_cost_row const& row) {
+  state.counters["nodes"] = static_cast<double>(row.nodes);
+  state.counters["T_step_ms"] = 1e3 * row.t_step;
+  state.counters["T_tree_ms"] = 1e3 * row.t_tree;
+  state.counters["T_propose_ms"] = 1e3 * row.t_propose;
+  state.counters["propose_per_step"] = row.t_propose / row.t_step;
+  state.counters["cost_ratio"] = row.ratio();
+  state.counters["mean_acc_len"] = row.acceptance;
+  state.counters["predicted_speedup"] = row.predicted();
+}
+
 //! EAGLE at the stories110M shape: a random-weight head (one layer of the target's shape, EAGLE-1
 //! reading the final hidden state and drafting through the target's classifier, or EAGLE-3 reading
 //! three layers and drafting over `draft_vocab` tokens) drafting the dynamic tree `tree`. Timed as
@@ -948,74 +1026,31 @@ void bench_eagle_cost(benchmark::State& state, bool eagle3, std::size_t draft_vo
         draft_vocab, {2, n / 2, n - 3}, 7, 0.02f));
     sd::cpu_eagle_head head(weights, {.threads = threads});
     sd::eagle_proposer proposer(head, tree_config);
-
-    // A sequence of 96 tokens in the target's cache and its features.
-    constexpr std::size_t base = 96, fresh = 3;
-    std::vector<sd::token_id> seq(base + 1);
-    for (std::size_t i = 0; i < seq.size(); ++i)
-      seq[i] = static_cast<sd::token_id>((i * 7919 + 13) % model.vocab_size());
-    std::vector<sd::position_t> positions(base);
-    for (std::size_t i = 0; i < base; ++i) positions[i] = static_cast<sd::position_t>(i);
-    sd::forward_result out;
-    model.cache().truncate(0);
-    sd::forward_request req{.tokens = std::span<sd::token_id const>(seq).first(base),
-                            .positions = positions};
-    req.want_hidden = !eagle3;
-    req.hidden_layers = weights->target_layers;
-    model.forward(req, out);
-    sd::matrix_view<float const> const features =
-        eagle3 ? out.layer_hidden_view() : out.hidden_view();
-    std::vector<float> const rows(features.data(), features.data() + base * features.cols());
+    sequence_features const seq(model, weights->target_layers);
     sd::propose_context ctx;
-    ctx.tokens = seq;
+    ctx.tokens = seq.tokens;
     ctx.max_nodes = tree_config.nodes;
-    proposer.begin(seq);
-    ctx.target_hidden = sd::matrix_view<float const>(rows.data(), base, features.cols());
+    proposer.begin(seq.tokens);
+    ctx.target_hidden = seq.all();
     sd::draft_tree tree(tree_config.nodes + 1);
     proposer.propose(ctx, tree);
     proposer.accept({});
     // Each timed step: the last `fresh` pairs appended again, then the tree drafted.
-    ctx.target_hidden = sd::matrix_view<float const>(rows.data() + (base - fresh) * features.cols(),
-                                                     fresh, features.cols());
-    std::vector<sd::position_t> tree_positions(tree.size());
-    for (std::size_t i = 0; i < tree.size(); ++i)
-      tree_positions[i] =
-          static_cast<sd::position_t>(base) + tree.depth(static_cast<sd::node_index>(i));
-    sd::forward_request const tree_req{.tokens = tree.tokens(),
-                                       .positions = tree_positions,
-                                       .mask = tree.mask(),
-                                       .mask_stride = tree.mask_stride()};
-    sd::forward_request const single_req{.tokens = tree.tokens().first(1),
-                                         .positions = std::span(tree_positions).first(1)};
-    std::vector<double> t_step, t_tree, t_propose;
+    ctx.target_hidden = seq.last();
     sd::draft_tree scratch(tree_config.nodes + 1);
-    for (int i = 0; i < 15; ++i) {
-      t_step.push_back(seconds_of([&] { model.forward(single_req, out); }));
-      model.cache().truncate(base);
-      t_tree.push_back(seconds_of([&] { model.forward(tree_req, out); }));
-      model.cache().truncate(base);
-      t_propose.push_back(seconds_of([&] {
-        proposer.propose(ctx, scratch);
-        proposer.accept({});
-      }));
-    }
-    row.nodes = tree.num_drafted();
-    row.t_step = median(t_step);
-    row.t_tree = median(t_tree);
-    row.t_propose = median(t_propose);
+    time_draft_step(
+        model, tree,
+        [&] {
+          proposer.propose(ctx, scratch);
+          proposer.accept({});
+        },
+        row);
     row.acceptance = acceptance;
   }
   row.name = std::string(eagle3 ? "EAGLE-3, draft vocab " + std::to_string(draft_vocab)
                                 : std::string("EAGLE-1 (EAGLE-2 tree)")) +
              ", D" + std::to_string(tree_config.depth) + " K" + std::to_string(tree_config.top_k);
-  state.counters["nodes"] = static_cast<double>(row.nodes);
-  state.counters["T_step_ms"] = 1e3 * row.t_step;
-  state.counters["T_tree_ms"] = 1e3 * row.t_tree;
-  state.counters["T_propose_ms"] = 1e3 * row.t_propose;
-  state.counters["propose_per_step"] = row.t_propose / row.t_step;
-  state.counters["cost_ratio"] = row.ratio();
-  state.counters["mean_acc_len"] = row.acceptance;
-  state.counters["predicted_speedup"] = row.predicted();
+  cost_counters(state, row);
   eagle_cost_rows.push_back(row);
 }
 
@@ -1056,67 +1091,24 @@ void bench_block_cost(benchmark::State& state, bool dspark, std::size_t nodes) {
                                       {2, n / 2, n - 3}, dspark ? 32 : 0, 7, 0.02f));
     sd::cpu_block_drafter drafter(weights, {.threads = threads});
     proposer_type proposer(drafter, sd::greedy{}, bc);
-
-    // A sequence of 96 tokens in the target's cache and its features.
-    constexpr std::size_t base = 96, fresh = 3;
-    std::vector<sd::token_id> seq(base + 1);
-    for (std::size_t i = 0; i < seq.size(); ++i)
-      seq[i] = static_cast<sd::token_id>((i * 7919 + 13) % model.vocab_size());
-    std::vector<sd::position_t> positions(base);
-    for (std::size_t i = 0; i < base; ++i) positions[i] = static_cast<sd::position_t>(i);
-    sd::forward_result out;
-    model.cache().truncate(0);
-    sd::forward_request req{.tokens = std::span<sd::token_id const>(seq).first(base),
-                            .positions = positions};
-    req.hidden_layers = weights->config.target_layers;
-    model.forward(req, out);
-    sd::matrix_view<float const> const features = out.layer_hidden_view();
-    std::vector<float> const rows(features.data(), features.data() + base * features.cols());
+    sequence_features const seq(model, weights->config.target_layers);
     sd::propose_context ctx;
-    ctx.tokens = seq;
+    ctx.tokens = seq.tokens;
     ctx.max_nodes = proposer.max_nodes();
-    proposer.begin(seq);
-    ctx.target_hidden = sd::matrix_view<float const>(rows.data(), base, features.cols());
+    proposer.begin(seq.tokens);
+    ctx.target_hidden = seq.all();
     sd::draft_tree tree(proposer.max_nodes() + 1);
     proposer.propose(ctx, tree);
     // Each timed step: the last `fresh` context rows appended again, then the block drafted.
-    ctx.target_hidden = sd::matrix_view<float const>(rows.data() + (base - fresh) * features.cols(),
-                                                     fresh, features.cols());
-    std::vector<sd::position_t> tree_positions(tree.size());
-    for (std::size_t i = 0; i < tree.size(); ++i)
-      tree_positions[i] =
-          static_cast<sd::position_t>(base) + tree.depth(static_cast<sd::node_index>(i));
-    sd::forward_request const tree_req{.tokens = tree.tokens(),
-                                       .positions = tree_positions,
-                                       .mask = tree.mask(),
-                                       .mask_stride = tree.mask_stride()};
-    sd::forward_request const single_req{.tokens = tree.tokens().first(1),
-                                         .positions = std::span(tree_positions).first(1)};
-    std::vector<double> t_step, t_tree, t_propose;
+    ctx.target_hidden = seq.last();
     sd::draft_tree scratch(proposer.max_nodes() + 1);
-    for (int i = 0; i < 15; ++i) {
-      t_step.push_back(seconds_of([&] { model.forward(single_req, out); }));
-      model.cache().truncate(base);
-      t_tree.push_back(seconds_of([&] { model.forward(tree_req, out); }));
-      model.cache().truncate(base);
-      t_propose.push_back(seconds_of([&] { proposer.propose(ctx, scratch); }));
-    }
-    row.nodes = tree.num_drafted();
-    row.t_step = median(t_step);
-    row.t_tree = median(t_tree);
-    row.t_propose = median(t_propose);
+    time_draft_step(
+        model, tree, [&] { proposer.propose(ctx, scratch); }, row);
     row.acceptance = acceptance;
   }
   row.name = std::string(dspark ? "DSpark" : "DFlash") + ", 2 layers, " +
              (Shape == sd::block_shape::tree ? "DDTree N" + std::to_string(nodes) : "chain 7");
-  state.counters["nodes"] = static_cast<double>(row.nodes);
-  state.counters["T_step_ms"] = 1e3 * row.t_step;
-  state.counters["T_tree_ms"] = 1e3 * row.t_tree;
-  state.counters["T_propose_ms"] = 1e3 * row.t_propose;
-  state.counters["propose_per_step"] = row.t_propose / row.t_step;
-  state.counters["cost_ratio"] = row.ratio();
-  state.counters["mean_acc_len"] = row.acceptance;
-  state.counters["predicted_speedup"] = row.predicted();
+  cost_counters(state, row);
   eagle_cost_rows.push_back(row);
 }
 

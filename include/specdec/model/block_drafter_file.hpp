@@ -64,44 +64,20 @@ struct block_drafter_storage {
       c.dspark = c.dspark || a.get_ref<std::string const&>().find("DSpark") != std::string::npos;
     }
   }
-  c.hidden_size = detail::config_count(j, "hidden_size", 1, big, w, std::nullopt);
-  c.intermediate_size = detail::config_count(j, "intermediate_size", 1, big, w, std::nullopt);
-  c.num_heads = detail::config_count(j, "num_attention_heads", 1, max_eagle_heads, w, std::nullopt);
-  c.num_kv_heads =
-      detail::config_count(j, "num_key_value_heads", 1, max_eagle_heads, w, c.num_heads);
-  SPECDEC_CHECK(c.num_heads % c.num_kv_heads == 0, bad_file, w, ": \"num_attention_heads\" ",
-                c.num_heads, " is not a multiple of \"num_key_value_heads\" ", c.num_kv_heads);
-  c.head_dim = detail::config_count(j, "head_dim", 2, big, w, c.hidden_size / c.num_heads);
-  SPECDEC_CHECK(c.head_dim >= 2 && c.head_dim % 2 == 0 && c.head_dim * c.num_heads <= 1u << 24,
-                bad_file, w, ": the head size ", c.head_dim,
-                " (\"head_dim\", or hidden_size / num_attention_heads) must be even and "
-                "num_attention_heads x head_dim at most 2^24");
+  detail::llama_layer_keys const k = detail::config_llama_layer(j, w, max_eagle_heads);
+  c.hidden_size = k.hidden_size;
+  c.intermediate_size = k.intermediate_size;
+  c.num_heads = k.num_heads;
+  c.num_kv_heads = k.num_kv_heads;
+  c.head_dim = k.head_dim;
+  c.rms_eps = k.rms_eps;
+  c.rope_theta = k.rope_theta;
+  c.rope_interleaved = k.rope_interleaved;
   c.num_layers = detail::config_count(j, "num_hidden_layers", 1, 256, w, std::nullopt);
   c.vocab_size = detail::config_count(j, "vocab_size", 1, big, w, std::nullopt);
   c.block_size = detail::config_count(j, "block_size", 2, 64, w, std::nullopt);
   c.markov_rank =
       c.dspark ? detail::config_count(j, "markov_rank", 1, 4096, w, std::nullopt) : std::size_t{0};
-  auto const positive = [&](char const* key, float fallback, float hi) {
-    auto const it = j.find(key);
-    if (it == j.end()) return fallback;
-    SPECDEC_CHECK(it->is_number() && std::isfinite(it->get<double>()) && it->get<double>() > 0.0 &&
-                      it->get<double>() < static_cast<double>(hi),
-                  bad_file, w, ": \"", key, "\" must be a positive number below ", hi, ", got ",
-                  it->dump());
-    return static_cast<float>(it->get<double>());
-  };
-  c.rms_eps = positive("rms_norm_eps", 1e-6f, 1.0f);
-  c.rope_theta = positive("rope_theta", 10000.0f, 1e12f);
-  std::string const rope = detail::config_string(j, "rope_style", w, "rotate_half");
-  SPECDEC_CHECK(rope == "rotate_half" || rope == "interleaved", bad_file, w, ": \"rope_style\" \"",
-                rope, "\" is neither \"rotate_half\" nor \"interleaved\"");
-  c.rope_interleaved = rope == "interleaved";
-  std::string const act = detail::config_string(j, "hidden_act", w, "silu");
-  SPECDEC_CHECK(act == "silu", unsupported, w, ": \"hidden_act\" \"", act,
-                "\" is not supported (only \"silu\")");
-  if (auto const it = j.find("rope_scaling"); it != j.end())
-    SPECDEC_CHECK(it->is_null(), unsupported, w, ": \"rope_scaling\" ", it->dump(),
-                  " is not supported (only null)");
   auto const it = j.find("target_layer_outputs");
   SPECDEC_CHECK(it != j.end(), bad_file, w, ": missing \"target_layer_outputs\"");
   SPECDEC_CHECK(it->is_array() && !it->empty() && it->size() <= 16, bad_file, w,

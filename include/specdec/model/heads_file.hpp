@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -86,6 +87,62 @@ namespace detail {
   SPECDEC_CHECK(it->is_boolean(), bad_file, where, ": \"", key, "\" must be true or false, got ",
                 it->dump());
   return it->get<bool>();
+}
+
+//! The keys of a Hugging Face Llama config that a drafter's decoder layers share (EAGLE heads,
+//! block drafters).
+struct llama_layer_keys {
+  std::size_t hidden_size = 0;        //!< "hidden_size" (required)
+  std::size_t intermediate_size = 0;  //!< "intermediate_size" (required)
+  std::size_t num_heads = 0;          //!< "num_attention_heads" (required)
+  std::size_t num_kv_heads = 0;       //!< "num_key_value_heads" (default num_heads)
+  std::size_t head_dim = 0;           //!< "head_dim" (default hidden_size / num_heads), even
+  float rms_eps = 1e-6f;              //!< "rms_norm_eps" (default 1e-6, as Hugging Face's)
+  float rope_theta = 10000.0f;        //!< "rope_theta" (default 10000)
+  bool rope_interleaved = false;      //!< "rope_style" "interleaved" (default "rotate_half")
+};
+
+//! Reads the `llama_layer_keys` of config `j` (`w` names it), at most `max_heads` heads. Throws
+//! `errc::bad_file` naming the key for a value of the wrong type or out of range,
+//! `errc::unsupported` for another activation ("hidden_act") or RoPE scaling.
+[[nodiscard]] inline llama_layer_keys config_llama_layer(nlohmann::json const& j,
+                                                         std::string const& w,
+                                                         std::int64_t max_heads) {
+  constexpr std::int64_t big = std::int64_t{1} << 24;
+  llama_layer_keys c;
+  c.hidden_size = config_count(j, "hidden_size", 1, big, w, std::nullopt);
+  c.intermediate_size = config_count(j, "intermediate_size", 1, big, w, std::nullopt);
+  c.num_heads = config_count(j, "num_attention_heads", 1, max_heads, w, std::nullopt);
+  c.num_kv_heads = config_count(j, "num_key_value_heads", 1, max_heads, w, c.num_heads);
+  SPECDEC_CHECK(c.num_heads % c.num_kv_heads == 0, bad_file, w, ": \"num_attention_heads\" ",
+                c.num_heads, " is not a multiple of \"num_key_value_heads\" ", c.num_kv_heads);
+  c.head_dim = config_count(j, "head_dim", 2, big, w, c.hidden_size / c.num_heads);
+  SPECDEC_CHECK(c.head_dim >= 2 && c.head_dim % 2 == 0, bad_file, w, ": the head size ", c.head_dim,
+                " (\"head_dim\", or hidden_size / num_attention_heads) must be even");
+  SPECDEC_CHECK(c.head_dim * c.num_heads <= static_cast<std::size_t>(big), bad_file, w,
+                ": num_attention_heads x head_dim is absurd");
+  auto const positive = [&](char const* key, float fallback, float hi) {
+    auto const it = j.find(key);
+    if (it == j.end()) return fallback;
+    SPECDEC_CHECK(it->is_number() && std::isfinite(it->get<double>()) && it->get<double>() > 0.0 &&
+                      it->get<double>() < static_cast<double>(hi),
+                  bad_file, w, ": \"", key, "\" must be a positive number below ", hi, ", got ",
+                  it->dump());
+    return static_cast<float>(it->get<double>());
+  };
+  c.rms_eps = positive("rms_norm_eps", 1e-6f, 1.0f);
+  c.rope_theta = positive("rope_theta", 10000.0f, 1e12f);
+  std::string const rope = config_string(j, "rope_style", w, "rotate_half");
+  SPECDEC_CHECK(rope == "rotate_half" || rope == "interleaved", bad_file, w, ": \"rope_style\" \"",
+                rope, "\" is neither \"rotate_half\" nor \"interleaved\"");
+  c.rope_interleaved = rope == "interleaved";
+  std::string const act = config_string(j, "hidden_act", w, "silu");
+  SPECDEC_CHECK(act == "silu", unsupported, w, ": \"hidden_act\" \"", act,
+                "\" is not supported (only \"silu\")");
+  if (auto const it = j.find("rope_scaling"); it != j.end())
+    SPECDEC_CHECK(it->is_null(), unsupported, w, ": \"rope_scaling\" ", it->dump(),
+                  " is not supported (only null)");
+  return c;
 }
 
 //! Collects the tensors a loader expects, checks each one's shape and that the file holds no
