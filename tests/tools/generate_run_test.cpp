@@ -453,7 +453,7 @@ TEST_CASE("generate: options that would do nothing are refused") {
   check_error(once({"--typical-epsilon", "1", "--verifier", "typical", "--temp", "1"}), 2,
               "--typical-epsilon must be in [0, 1)");
   check_error(once({"--strategy", "layer-skip", "--draft-threads", "2"}), 2,
-              "--draft-threads applies to --strategy draft only");
+              "--draft-threads applies to --strategy draft and pard only");
 }
 
 #endif  // SPECDEC_GENERATE_PATH

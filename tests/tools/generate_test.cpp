@@ -587,9 +587,9 @@ TEST_CASE("generate: an option of another strategy is refused, naming both") {
     }
   }
   // The strategies that share a flag are all named.
-  CHECK(generate::strategies_with("-k") == "draft, layer-skip, sparse-kv and jacobi");
+  CHECK(generate::strategies_with("-k") == "draft, layer-skip, sparse-kv, jacobi and pard");
   check_error(once({"--strategy", "autoregressive", "-k", "3"}), 2,
-              "-k applies to --strategy draft, layer-skip, sparse-kv and jacobi only (not "
+              "-k applies to --strategy draft, layer-skip, sparse-kv, jacobi and pard only (not "
               "autoregressive)");
   check_error(once({"--strategy", "lookahead", "-k", "3"}), 2, "(not lookahead)");
   check_error(once({"--strategy", "prompt-lookup", "-k", "3"}), 2, "(not prompt-lookup)");
