@@ -6,10 +6,12 @@
 
 #include <vector>
 
+#include "specdec/backend/cpu/block_drafter.hpp"
 #include "specdec/backend/cpu/eagle.hpp"
 #include "specdec/backend/cpu/heads.hpp"
 #include "specdec/backend/cpu/llama.hpp"
 #include "specdec/decode/speculation.hpp"
+#include "specdec/propose/block.hpp"
 #include "specdec/propose/eagle.hpp"
 #include "specdec/propose/hydra.hpp"
 #include "specdec/propose/layer_skip.hpp"
@@ -279,7 +281,7 @@ static_assert(sd::speculation_policy<good_speculation>);
 static_assert(sd::speculation_policy<sd::fixed_speculation>);
 static_assert(!sd::speculation_policy<speculation_no_observe>);
 
-// ---- medusa_heads_runner, hydra_heads_runner, eagle_head_runner
+// ---- medusa_heads_runner, hydra_heads_runner, eagle_head_runner, block_drafter_runner
 struct good_medusa_runner {
   std::size_t num_heads() const { return 2; }
   std::size_t hidden_size() const { return 2; }
@@ -325,6 +327,30 @@ static_assert(!sd::eagle_head_runner<eagle_runner_bad_cache>);
 static_assert(sd::eagle_head_runner<sd::cpu_eagle_head>);
 static_assert(sd::medusa_heads_runner<sd::cpu_medusa_heads>);
 static_assert(sd::hydra_heads_runner<sd::cpu_hydra_heads>);
+struct good_block_runner {
+  std::size_t hidden_size() const { return 2; }
+  std::size_t feature_width() const { return 6; }
+  std::size_t vocab_size() const { return 4; }
+  std::size_t block_size() const { return 4; }
+  bool dspark() const { return false; }
+  std::span<std::int32_t const> target_layers() const { return {}; }
+  std::size_t max_context() const { return 16; }
+  std::size_t context() const { return 0; }
+  void truncate(std::size_t) {}
+  void extend(sd::matrix_view<float const>) {}
+  void block(sd::token_id, sd::matrix_view<float>) {}
+  void logits(sd::matrix_view<float const>, sd::matrix_view<float>) {}
+  void add_markov(sd::token_id, std::span<float>) {}
+  double confidence(std::span<float const>, sd::token_id, std::size_t) const { return 1.0; }
+};
+struct block_runner_no_context : good_block_runner {  // cannot cut its context back
+  void truncate() {}
+  void truncate(std::size_t) = delete;
+};
+static_assert(sd::block_drafter_runner<good_block_runner>);
+static_assert(!sd::block_drafter_runner<block_runner_no_context>);
+static_assert(!sd::block_drafter_runner<good_eagle_runner>);
+static_assert(sd::block_drafter_runner<sd::cpu_block_drafter>);
 
 // ---- model traits: what a target must declare for a proposer that drafts on it
 static_assert(sd::supports_skip_layers_v<sd::cpu_llama>);
