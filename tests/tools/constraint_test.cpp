@@ -53,14 +53,16 @@ std::string source_dir(char const* file) {
 }
 
 // The strategies checked: the constrained proposer's (prompt lookup, suffix, the draft model)
-// and the policy's alone (Medusa, EAGLE).
+// and the policy's alone (Medusa, EAGLE, the block drafter: its draft rows under the constrained
+// policy too).
 std::vector<std::vector<std::string>> constrained_strategies() {
   return {{"--strategy", "prompt-lookup"},
           {"--strategy", "suffix"},
           {"--strategy", "draft", "--draft",
            test_support::source_file("tools/draft/stories_draft.bin").string()},
           {"--strategy", "medusa", "--heads", source_dir("tools/heads/medusa/config.json")},
-          {"--strategy", "eagle", "--eagle", source_dir("tools/eagle/eagle3/config.json")}};
+          {"--strategy", "eagle", "--eagle", source_dir("tools/eagle/eagle3/config.json")},
+          {"--strategy", "dspark", "--block", source_dir("tools/block/dspark/config.json")}};
 }
 
 // Checks that a run's output matches `pattern` and is reported valid.
@@ -101,7 +103,8 @@ TEST_CASE("generate --regex: every strategy gives the constrained autoregressive
     CHECK(boolean(j.at("stats").at("outputs_identical")));
     CHECK(tokens_of(j) == tokens_of(j.at("baseline")));
     // The proposers that draft from tokens alone are wrapped: forced spans pay there.
-    bool const wrapped = strategy[1] != "medusa" && strategy[1] != "eagle";
+    bool const wrapped =
+        strategy[1] != "medusa" && strategy[1] != "eagle" && strategy[1] != "dspark";
     CHECK(j.at("constraint").contains("forced_steps") == wrapped);
     if (wrapped) CHECK(num(j.at("constraint").at("forced_steps")) > 0);
   }

@@ -43,6 +43,8 @@
 #include <cstdint>
 #include <queue>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "specdec/core/concepts.hpp"
@@ -162,8 +164,11 @@ class block_proposer {
     }
   }
 
-  //! Starts a sequence: empties the drafter's context.
-  void begin(std::span<token_id const> /*prompt*/) {
+  //! Starts a sequence: empties the drafter's context and binds the policy to the request (a
+  //! constrained policy's draft rows are then masked by the request's own constraint state).
+  void begin(std::span<token_id const> prompt) {
+    if constexpr (!std::is_reference_v<decltype(policy_for_prompt(policy_, prompt.size()))>)
+      policy_ = policy_for_prompt(policy_, prompt.size());
     runner_->truncate(0);
     history_.clear();
   }
