@@ -41,7 +41,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <queue>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -159,6 +158,8 @@ class block_proposer {
       ranked_.resize((config_.nodes + 1) * k);
       ranked_logp_.resize((config_.nodes + 1) * k);
       depth_.resize(config_.nodes + 1);
+      path_.resize(config_.nodes + 1);
+      heap_.reserve(config_.nodes + 2);  // each pop pushes at most two
       row_.resize(v);
       exp_.resize(v);
     }
@@ -318,27 +319,32 @@ class block_proposer {
   // DDTree: the `nodes` most probable paths of at most `depth` tokens (see the file comment).
   void draft_tree_of(token_id root, std::size_t depth, std::size_t nodes, draft_tree& tree) {
     std::size_t const k = std::min(config_.nodes, runner_->vocab_size());
-    std::priority_queue<candidate, std::vector<candidate>, worse> heap;
+    std::vector<candidate>& heap = heap_;  // reserved at construction: no allocation here
+    auto const push = [&](candidate c) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), worse{});
+    };
+    heap.clear();
     std::uint32_t order = 0;
     depth_[0] = 0;
+    path_[0] = 0.0;
     rank_children(0, 0, root, k);
-    heap.push({ranked_logp_[0], order++, 0, 0});
-    std::vector<double>& path = path_;
-    path.assign(nodes + 1, 0.0);
+    push({ranked_logp_[0], order++, 0, 0});
     while (!heap.empty() && tree.size() <= nodes) {
-      candidate const c = heap.top();
-      heap.pop();
+      std::pop_heap(heap.begin(), heap.end(), worse{});
+      candidate const c = heap.back();
+      heap.pop_back();
       std::size_t const at = static_cast<std::size_t>(c.parent) * k + c.rank;
       node_index const node = tree.add_node(c.parent, ranked_[at]);
       auto const n = static_cast<std::size_t>(node);
       depth_[n] = depth_[static_cast<std::size_t>(c.parent)] + 1;
-      path[n] = c.score;
+      path_[n] = c.score;
       if (c.rank + 1 < k)  // the next sibling
-        heap.push({path[static_cast<std::size_t>(c.parent)] + ranked_logp_[at + 1], order++,
-                   c.parent, c.rank + 1});
+        push({path_[static_cast<std::size_t>(c.parent)] + ranked_logp_[at + 1], order++, c.parent,
+              c.rank + 1});
       if (depth_[n] < depth && tree.size() <= nodes) {  // the best child
         rank_children(node, depth_[n], ranked_[at], k);
-        heap.push({c.score + ranked_logp_[n * k], order++, node, 0});
+        push({c.score + ranked_logp_[n * k], order++, node, 0});
       }
     }
   }
@@ -359,6 +365,7 @@ class block_proposer {
   std::vector<double> ranked_logp_;
   std::vector<std::size_t> depth_;
   std::vector<double> path_;
+  std::vector<candidate> heap_;  // the best-first search's candidates
   std::vector<float> row_;
   std::vector<float> exp_;
 };
